@@ -1,0 +1,65 @@
+//! Portable path: "vectors" are 8-float arrays the compiler may auto-vectorize with the baseline
+//! ISA; tiles of 4 keys (or value columns) × 16 queries.
+
+type V = [f32; LANES];
+const LANES: usize = 8;
+const NR: usize = 2;
+const MR: usize = 4;
+pub(crate) const BQ: usize = LANES * NR;
+pub(crate) const BK: usize = 64;
+
+#[inline]
+fn vzero() -> V {
+    [0.0; LANES]
+}
+#[inline]
+fn vsplat(x: f32) -> V {
+    [x; LANES]
+}
+#[inline]
+unsafe fn vload(p: *const f32) -> V {
+    std::ptr::read_unaligned(p as *const V)
+}
+#[inline]
+unsafe fn vstore(p: *mut f32, v: V) {
+    std::ptr::write_unaligned(p as *mut V, v)
+}
+#[inline]
+fn lanewise(a: V, b: V, f: impl Fn(f32, f32) -> f32) -> V {
+    let mut r = a;
+    for i in 0..LANES {
+        r[i] = f(a[i], b[i]);
+    }
+    r
+}
+#[inline]
+fn vfma(a: V, b: V, c: V) -> V {
+    let mut r = c;
+    for i in 0..LANES {
+        // Plain multiply-add (not `mul_add`, which is a slow libm call without hardware FMA).
+        r[i] = a[i] * b[i] + c[i];
+    }
+    r
+}
+#[inline]
+fn vmul(a: V, b: V) -> V {
+    lanewise(a, b, |x, y| x * y)
+}
+#[inline]
+fn vadd(a: V, b: V) -> V {
+    lanewise(a, b, |x, y| x + y)
+}
+#[inline]
+fn vsub(a: V, b: V) -> V {
+    lanewise(a, b, |x, y| x - y)
+}
+#[inline]
+fn vmax(a: V, b: V) -> V {
+    lanewise(a, b, f32::max)
+}
+#[inline]
+fn vexp(x: V) -> V {
+    x.map(f32::exp)
+}
+
+flash_core!();

@@ -1,0 +1,108 @@
+//! Run-time choice of the SIMD path.
+
+use std::sync::OnceLock;
+
+use crate::KernelError;
+
+/// The instruction-set paths of the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// 512-bit vectors (needs AVX-512F); 64 queries × 6 keys register tiles.
+    Avx512,
+    /// 256-bit vectors with fused multiply-add (needs AVX2 and FMA).
+    Avx2,
+    /// Portable Rust, no intrinsics; correct everywhere.
+    Scalar,
+}
+
+/// Name of the environment variable that forces a path.
+pub const ISA_ENV: &str = "ATTNRT_KERNEL_ISA";
+
+impl Isa {
+    /// All paths, fastest first.
+    pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Scalar];
+
+    /// The name used by `ATTNRT_KERNEL_ISA` and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2",
+            Isa::Scalar => "scalar",
+        }
+    }
+
+    fn needs(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "x86-64 with AVX-512F",
+            Isa::Avx2 => "x86-64 with AVX2 and FMA",
+            Isa::Scalar => "nothing",
+        }
+    }
+
+    /// Parses `avx512`, `avx2` or `scalar` (case-insensitive).
+    pub fn parse(s: &str) -> Option<Isa> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "avx512" | "avx-512" | "avx512f" => Some(Isa::Avx512),
+            "avx2" | "avx2+fma" | "fma" => Some(Isa::Avx2),
+            "scalar" | "portable" | "none" => Some(Isa::Scalar),
+            _ => None,
+        }
+    }
+
+    /// Whether this CPU can run the path.
+    pub fn is_available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx512 | Isa::Avx2 => false,
+            Isa::Scalar => true,
+        }
+    }
+
+    pub(crate) fn ensure_available(self) -> Result<(), KernelError> {
+        if self.is_available() {
+            Ok(())
+        } else {
+            Err(KernelError::IsaUnavailable { isa: self.name(), needs: self.needs() })
+        }
+    }
+
+    /// The paths this CPU can run, fastest first.
+    pub fn available() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
+    }
+
+    /// The fastest path this CPU can run.
+    pub fn best_available() -> Isa {
+        Isa::ALL.into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar)
+    }
+
+    /// The path [`crate::attention`] uses: `ATTNRT_KERNEL_ISA` if set (an unknown value or a path
+    /// the CPU lacks is an error, not a silent fallback), else [`Isa::best_available`]. Read once
+    /// per process.
+    pub fn selected() -> Result<Isa, KernelError> {
+        static SELECTED: OnceLock<Result<Isa, String>> = OnceLock::new();
+        let choice = SELECTED.get_or_init(|| match std::env::var(ISA_ENV) {
+            Ok(value) if !value.trim().is_empty() => Isa::parse(&value).ok_or(value),
+            _ => Ok(Isa::best_available()),
+        });
+        match choice {
+            Ok(isa) => {
+                isa.ensure_available()?;
+                Ok(*isa)
+            }
+            Err(value) => Err(KernelError::BadIsaEnv { value: value.clone() }),
+        }
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

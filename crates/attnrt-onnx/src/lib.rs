@@ -1,0 +1,83 @@
+//! ONNX models for attnrt: the schema (prost types generated from `proto/onnx.proto`),
+//! loading with external data confined to the model's folder, atomic saving, structural
+//! validation, and helpers to read tensors and attributes.
+//!
+//! A model file is untrusted input. Every size is checked against [`Limits`] before anything
+//! is allocated for it, and every error names the file, node or tensor it is about.
+
+pub mod attr;
+pub mod load;
+pub mod opset;
+pub mod save;
+pub mod tensor;
+pub mod validate;
+
+/// The generated ONNX schema types (`ModelProto`, `GraphProto`, `NodeProto`, ...).
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
+}
+
+pub use load::{decode_model, load_model, LoadedModel};
+pub use proto::{
+    attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, FunctionProto,
+    GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto,
+};
+pub use save::{save_model, SaveOptions};
+pub use validate::{validate_model, ValidationError};
+
+/// Bounds on what a model may make attnrt do. Defaults are generous for real models and
+/// small enough that a hostile file cannot exhaust the machine; every one can be raised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest model file (protobuf part) accepted, in bytes.
+    pub max_model_bytes: u64,
+    /// Largest number of elements of any one tensor (initializer, constant, external data).
+    pub max_tensor_elements: u64,
+    /// Largest number of nodes, counted over the main graph, all subgraphs and functions.
+    pub max_nodes: usize,
+    /// Deepest nesting of subgraphs (If/Loop/Scan bodies) accepted.
+    pub max_subgraph_depth: usize,
+    /// Largest total of external data read, in bytes.
+    pub max_external_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_model_bytes: 2 << 30,
+            max_tensor_elements: 1 << 32,
+            max_nodes: 1_000_000,
+            max_subgraph_depth: 32,
+            max_external_bytes: 16 << 30,
+        }
+    }
+}
+
+/// The number of nodes of a graph and of all its subgraphs.
+pub fn count_nodes(graph: &GraphProto) -> usize {
+    graph
+        .node
+        .iter()
+        .map(|n| {
+            1 + n
+                .attribute
+                .iter()
+                .map(|a| a.g.iter().chain(a.graphs.iter()).map(count_nodes).sum::<usize>())
+                .sum::<usize>()
+        })
+        .sum()
+}
+
+/// A display name for a node: its name, or `op_type` and first output when it has none.
+pub fn node_label(node: &NodeProto) -> String {
+    if node.name.is_empty() {
+        format!(
+            "<{} -> {}>",
+            node.op_type,
+            node.output.first().map(String::as_str).unwrap_or("?")
+        )
+    } else {
+        node.name.clone()
+    }
+}
