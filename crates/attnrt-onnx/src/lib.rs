@@ -6,6 +6,7 @@
 //! is allocated for it, and every error names the file, node or tensor it is about.
 
 pub mod attr;
+pub mod limits;
 pub mod load;
 pub mod opset;
 pub mod save;
@@ -18,7 +19,11 @@ pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
 }
 
+pub use limits::check_static_allocation;
 pub use load::{decode_model, load_model, LoadedModel};
+/// prost's `Message` trait, so users can encode and decode the schema types
+/// (`model.encode_to_vec()`, `ModelProto::decode(bytes)`) without depending on prost themselves.
+pub use prost::Message;
 pub use proto::{
     attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, FunctionProto,
     GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto,

@@ -39,8 +39,7 @@ pub fn decode_model(bytes: &[u8], what: &str, limits: &Limits) -> Result<ModelPr
     if bytes.is_empty() {
         bail!("{what}: empty file, not an ONNX model");
     }
-    let model = ModelProto::decode(bytes)
-        .map_err(|e| anyhow::anyhow!("{what}: not a valid ONNX model (protobuf: {e})"))?;
+    let model = ModelProto::decode(bytes).map_err(|e| decode_error(what, &e))?;
     let Some(graph) = model.graph.as_ref() else {
         bail!("{what}: not an ONNX model: it has no graph");
     };
@@ -64,35 +63,79 @@ pub fn decode_model(bytes: &[u8], what: &str, limits: &Limits) -> Result<ModelPr
     Ok(model)
 }
 
+/// prost nests at most this many messages (its default recursion limit), which bounds the
+/// stack used by decoding, validation and every later walk over subgraphs.
+pub const PROTOBUF_NESTING_LIMIT: usize = 100;
+
+/// Turns a prost decode error into one line that says what is wrong with the file.
+///
+/// prost reports `failed to decode Protobuf message: Outer.field: Inner.field: description`
+/// with the innermost field first; the path is bounded by the nesting limit, but a hundred
+/// fields of path help nobody, so it is shortened to its two innermost fields.
+fn decode_error(what: &str, e: &prost::DecodeError) -> anyhow::Error {
+    let text = e.to_string();
+    let body = text
+        .strip_prefix("failed to decode Protobuf message: ")
+        .unwrap_or(&text);
+    let mut parts: Vec<&str> = body.split(": ").collect();
+    let description = parts.pop().unwrap_or("");
+    if description.contains("recursion limit") {
+        return anyhow::anyhow!(
+            "{what}: not a valid ONNX model: messages nested more than {PROTOBUF_NESTING_LIMIT} deep \
+             (such as If/Loop subgraphs nested about {} levels or more); refused before decoding further",
+            PROTOBUF_NESTING_LIMIT / 3
+        );
+    }
+    let at = match parts.len() {
+        0 => String::new(),
+        1 | 2 => format!(" at {}", parts.join(" in ")),
+        n => format!(" at {} in {} (nested {n} deep)", parts[0], parts[1]),
+    };
+    let hint = if description.contains("buffer underflow") || description.contains("invalid varint") {
+        " (the file is truncated or corrupt)"
+    } else {
+        ""
+    };
+    anyhow::anyhow!("{what}: not a valid ONNX model: protobuf error: {description}{at}{hint}")
+}
+
 /// Refuses graphs nested deeper than the limit or with more nodes than the limit; the walk
 /// itself is bounded by the depth limit, so a hostile file cannot overflow the stack here.
 fn check_depth_and_size(graph: &GraphProto, what: &str, limits: &Limits) -> Result<()> {
-    fn walk(g: &GraphProto, depth: usize, count: &mut usize, what: &str, limits: &Limits) -> Result<()> {
+    fn walk(
+        g: &GraphProto,
+        owner: Option<&NodeProto>,
+        depth: usize,
+        count: &mut usize,
+        what: &str,
+        limits: &Limits,
+    ) -> Result<()> {
         if depth > limits.max_subgraph_depth {
             bail!(
-                "{what}: subgraphs nested more than {} deep (graph '{}')",
+                "{what}: subgraphs nested more than the limit of {} deep (graph '{}' of node {})",
                 limits.max_subgraph_depth,
-                g.name
+                g.name,
+                owner.map(crate::node_label).unwrap_or_default()
             );
         }
-        *count += g.node.len();
+        *count = count.saturating_add(g.node.len());
         if *count > limits.max_nodes {
             bail!(
-                "{what}: more than the limit of {} nodes",
+                "{what}: more than the limit of {} nodes (main graph and subgraphs)",
                 limits.max_nodes
             );
         }
         for n in &g.node {
             for a in &n.attribute {
                 for sub in a.g.iter().chain(a.graphs.iter()) {
-                    walk(sub, depth + 1, count, what, limits)?;
+                    walk(sub, Some(n), depth + 1, count, what, limits)?;
                 }
             }
         }
         Ok(())
     }
     let mut count = 0;
-    walk(graph, 0, &mut count, what, limits)
+    walk(graph, None, 0, &mut count, what, limits)
 }
 
 /// Loads the model at `path`: reads and decodes it, resolves external data relative to the

@@ -6,6 +6,8 @@
 //! - the nodes form an acyclic graph (they need not be stored in topological order);
 //! - every node's domain is imported (or is a model-local function's domain), and the
 //!   default-domain opset is one attnrt knows;
+//! - every default-domain node names an ONNX operator that exists at the model's opset
+//!   (or calls a model-local function);
 //! - model-local functions do not call each other recursively and do not expand beyond the
 //!   node limit.
 
@@ -71,6 +73,28 @@ pub enum ValidationError {
         /// The imported version.
         version: i64,
     },
+    /// A default-domain node names an op ONNX does not have.
+    #[error("node {node} uses op '{op_type}', which is not an ONNX operator (default domain, opset {opset})")]
+    UnknownOp {
+        /// The node.
+        node: String,
+        /// Its op_type.
+        op_type: String,
+        /// The model's default-domain opset.
+        opset: i64,
+    },
+    /// A default-domain node uses an op newer than the model's opset.
+    #[error("node {node} uses op '{op_type}', which exists from opset {since} on, but the model imports opset {opset}")]
+    OpTooNew {
+        /// The node.
+        node: String,
+        /// Its op_type.
+        op_type: String,
+        /// The opset that introduced the op.
+        since: i64,
+        /// The model's default-domain opset.
+        opset: i64,
+    },
     /// Model-local functions call each other in a cycle.
     #[error("model-local function '{function}' calls itself (directly or through others)")]
     RecursiveFunction {
@@ -113,6 +137,12 @@ pub fn validate_model_with(model: &ModelProto, limits: &Limits) -> Result<(), Va
     let domains = Domains {
         imported: &imported,
         function_domains: model.functions.iter().map(|f| f.domain.as_str()).collect(),
+        functions: model
+            .functions
+            .iter()
+            .map(|f| (f.domain.as_str(), f.name.as_str()))
+            .collect(),
+        default_opset: crate::opset::default_version(model),
     };
     check_functions(model, &functions, limits)?;
     check_graph(graph, &HashSet::new(), &domains)
@@ -121,6 +151,9 @@ pub fn validate_model_with(model: &ModelProto, limits: &Limits) -> Result<(), Va
 struct Domains<'a> {
     imported: &'a HashSet<&'a str>,
     function_domains: HashSet<&'a str>,
+    /// (domain, name) of every model-local function: such a node is a call, not an ONNX op.
+    functions: HashSet<(&'a str, &'a str)>,
+    default_opset: Option<i64>,
 }
 
 fn check_node_domain(n: &NodeProto, domains: &Domains) -> Result<(), ValidationError> {
@@ -135,6 +168,30 @@ fn check_node_domain(n: &NodeProto, domains: &Domains) -> Result<(), ValidationE
             node: node_label(n),
             domain: n.domain.clone(),
         });
+    }
+    // An unknown default-domain op would only fail later, in tract, with a message that does
+    // not name the node; refuse it here. Model-local functions may live in the default domain.
+    if d.is_empty() && !domains.functions.contains(&(n.domain.as_str(), n.op_type.as_str())) {
+        if let Some(opset) = domains.default_opset {
+            match crate::opset::op_since(&n.op_type) {
+                None => {
+                    return Err(ValidationError::UnknownOp {
+                        node: node_label(n),
+                        op_type: n.op_type.clone(),
+                        opset,
+                    })
+                }
+                Some(since) if since > opset => {
+                    return Err(ValidationError::OpTooNew {
+                        node: node_label(n),
+                        op_type: n.op_type.clone(),
+                        since,
+                        opset,
+                    })
+                }
+                Some(_) => {}
+            }
+        }
     }
     Ok(())
 }

@@ -1,1 +1,54 @@
-//! placeholder
+//! attnrt's execution layer.
+//!
+//! - [`session`]: a tract-onnx session built from an in-memory `ModelProto`, with input facts
+//!   taken from the actual input tensors (which binds symbolic dims), optimized and planned, on a
+//!   thread pool shared by tract's matmuls and attnrt's kernel ([`Threads`]).
+//! - [`attention`]: attnrt's parser for the ONNX `Attention` op (opset 23), replacing tract's,
+//!   so every `Attention` node runs on `attnrt_kernels`.
+//! - [`io`]: declared inputs, `.npy`/`.npz` inputs, seeded random inputs, `.npz` outputs.
+//! - [`diff`]: per-output comparison under `|a − b| ≤ atol + rtol·|b|`.
+//! - [`bench`]: warm-up, repetitions, median and spread.
+
+pub mod attention;
+pub mod bench;
+pub mod diff;
+pub mod io;
+pub mod session;
+
+pub use bench::{time_session, Timing};
+pub use diff::{diff_outputs, diff_tensor, OutputDiff, Tolerance};
+pub use io::{
+    declared_inputs, dtype_name, prepare_inputs, read_npz_tensors, summarize, write_npz,
+    DeclaredDim, DeclaredInput, DimBinding, InputOptions, NamedTensor, PreparedInputs,
+    TensorSummary,
+};
+pub use session::{onnx_frontend, Session, Threads};
+/// tract's tensor type, used for every input and output value.
+pub use tract_onnx::prelude::{DatumType, Tensor};
+
+use std::time::Instant;
+
+use anyhow::Result;
+use attnrt_onnx::ModelProto;
+
+/// The outputs of one run, with how long building and running took.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// Outputs in graph order.
+    pub outputs: Vec<NamedTensor>,
+    /// Time to parse, type, optimize and plan the graph, in milliseconds.
+    pub build_ms: f64,
+    /// Time of the one run, in milliseconds.
+    pub run_ms: f64,
+}
+
+/// Builds a session for `model` and runs it once on `inputs`.
+pub fn run_once(model: &ModelProto, inputs: &[NamedTensor], threads: &Threads, what: &str) -> Result<RunResult> {
+    let t = Instant::now();
+    let session = Session::build(model, inputs, threads, what)?;
+    let build_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let outputs = session.run(inputs)?;
+    let run_ms = t.elapsed().as_secs_f64() * 1e3;
+    Ok(RunResult { outputs, build_ms, run_ms })
+}

@@ -83,4 +83,12 @@ fn vexp(x: V) -> V {
     _mm256_and_ps(res, keep)
 }
 
+/// `v` with `−inf` lanes replaced by 0 (the safe softmax reference of a still-empty row).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn vzero_if_neg_inf(v: V) -> V {
+    let is_neg_inf = _mm256_cmp_ps::<_CMP_EQ_OQ>(v, _mm256_set1_ps(f32::NEG_INFINITY));
+    _mm256_andnot_ps(is_neg_inf, v)
+}
+
 flash_core!(#[target_feature(enable = "avx2,fma")]);

@@ -83,4 +83,12 @@ fn vexp(x: V) -> V {
     _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(y, n))
 }
 
+/// `v` with `−inf` lanes replaced by 0 (the safe softmax reference of a still-empty row).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn vzero_if_neg_inf(v: V) -> V {
+    let is_neg_inf = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(v, _mm512_set1_ps(f32::NEG_INFINITY));
+    _mm512_mask_mov_ps(v, is_neg_inf, _mm512_setzero_ps())
+}
+
 flash_core!(#[target_feature(enable = "avx512f")]);

@@ -12,7 +12,7 @@
 //! * the output accumulates transposed too, `Oᵀ[Dv][BQ] = α·Oᵀ + Vᵀ·Pᵀ`, again with broadcast
 //!   loads from V's rows; the rescale by α is folded into the accumulator load.
 //!
-//! Scratch per task: `BQ·(D + Dv + BK + 5)` floats, independent of the sequence lengths.
+//! Scratch per task: `BQ·(D + Dv + BK + 3)` floats, independent of the sequence lengths.
 //! Keys past the causal frontier of a block's last query are never visited.
 
 use crate::view::effective_strides;
@@ -83,12 +83,10 @@ pub(crate) struct Scratch {
     pub qt: AlignedBuf,
     pub s: AlignedBuf,
     pub ot: AlignedBuf,
-    /// running max, running sum, rescale factor, safe max, block sum — `BQ` each
+    /// running max, running sum, rescale factor of the last tile — `BQ` each
     pub m: AlignedBuf,
     pub l: AlignedBuf,
     pub alpha: AlignedBuf,
-    pub msafe: AlignedBuf,
-    pub tmp: AlignedBuf,
 }
 
 impl Scratch {
@@ -100,8 +98,6 @@ impl Scratch {
             m: AlignedBuf::new(bq),
             l: AlignedBuf::new(bq),
             alpha: AlignedBuf::new(bq),
-            msafe: AlignedBuf::new(bq),
-            tmp: AlignedBuf::new(bq),
         }
     }
 }
@@ -113,7 +109,7 @@ pub fn scratch_bytes(isa: Isa, head_dim: usize, v_head_dim: usize) -> usize {
         Isa::Avx2 => avx2_tiles(),
         Isa::Scalar => (scalar::BQ, scalar::BK),
     };
-    (bq * (head_dim + v_head_dim + bk + 5) + 8 * 16) * std::mem::size_of::<f32>()
+    (bq * (head_dim + v_head_dim + bk + 3) + 6 * 16) * std::mem::size_of::<f32>()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -187,9 +183,52 @@ pub(crate) fn run(
     }
 }
 
+/// Packs `Qᵀ[d][q] = scale·Q[i0+q][d]` for `q < nq`, zero for the dead lanes up to `bq`.
+///
+/// Deliberately not inlined into the SIMD tasks: compiled for the baseline ISA it stays a simple
+/// scalar transpose, where the AVX-512 auto-vectorizer would emit (very slow) scatters.
+///
+/// # Safety
+/// `qbase` must address rows `i0..i0+nq` × `d` elements with the given strides; `qt` holds `d·bq`.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn pack_qt(qbase: *const f32, row_stride: isize, col_stride: isize, scale: f32, i0: usize, nq: usize, d: usize, bq: usize, qt: *mut f32) {
+    for q in 0..bq {
+        if q < nq {
+            let row = qbase.offset((i0 + q) as isize * row_stride);
+            for dd in 0..d {
+                *qt.add(dd * bq + q) = *row.offset(dd as isize * col_stride) * scale;
+            }
+        } else {
+            for dd in 0..d {
+                *qt.add(dd * bq + q) = 0.0;
+            }
+        }
+    }
+}
+
+/// Writes `out[i0+q][c] = Oᵀ[c][q] / l[q]` (0 when `l[q] == 0`: no attendable key, per the ONNX
+/// errata). Not inlined, for the same reason as [`pack_qt`].
+///
+/// # Safety
+/// `obase` must address rows `i0..i0+nq` × `dv` elements with the given strides.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn unpack_ot(ot: *const f32, l: *const f32, obase: *mut f32, row_stride: isize, col_stride: isize, i0: usize, nq: usize, dv: usize, bq: usize) {
+    for q in 0..nq {
+        let sum = *l.add(q);
+        // `sum == 0` only when every key of the row was masked; NaN propagates.
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        let row = obase.offset((i0 + q) as isize * row_stride);
+        for c in 0..dv {
+            *row.offset(c as isize * col_stride) = *ot.add(c * bq + q) * inv;
+        }
+    }
+}
+
 /// The ISA-independent part of the kernel, expanded inside each ISA module. The module provides
 /// `V`, `LANES`, `NR`, `MR`, `BK`, `BQ` and the vector primitives `vzero vsplat vload vstore vfma
-/// vmul vadd vsub vmax vexp`; `$attr` is its `#[target_feature]` (empty for the scalar path), put
+/// vmul vadd vsub vmax vexp vzero_if_neg_inf`; `$attr` is its `#[target_feature]` (empty for the scalar path), put
 /// on every function so that the whole kernel is compiled for — and inlined within — that ISA.
 macro_rules! flash_core {
     ($(#[$attr:meta])*) => {
@@ -230,6 +269,18 @@ macro_rules! flash_core {
         $(#[$attr])*
         #[inline]
         unsafe fn qk_block(k0: *const f32, ks: isize, kd: isize, d: usize, nk: usize, qt: *const f32, s: *mut f32) {
+            // Rows with unit element stride (every dense or 3-D layout) get their own copy with
+            // the stride a constant, which frees the inner loop from index multiplications.
+            if kd == 1 {
+                qk_block_strided(k0, ks, 1, d, nk, qt, s)
+            } else {
+                qk_block_strided(k0, ks, kd, d, nk, qt, s)
+            }
+        }
+
+        $(#[$attr])*
+        #[inline]
+        unsafe fn qk_block_strided(k0: *const f32, ks: isize, kd: isize, d: usize, nk: usize, qt: *const f32, s: *mut f32) {
             let mut j = 0;
             while j + MR <= nk {
                 qk_tile::<MR>(k0.offset(j as isize * ks), ks, kd, d, qt, s.add(j * BQ));
@@ -293,6 +344,16 @@ macro_rules! flash_core {
         $(#[$attr])*
         #[inline]
         unsafe fn pv_block(v0: *const f32, vs: isize, vd: isize, dv: usize, nk: usize, p: *const f32, ot: *mut f32, alpha: *const f32) {
+            if vd == 1 {
+                pv_block_strided(v0, vs, 1, dv, nk, p, ot, alpha)
+            } else {
+                pv_block_strided(v0, vs, vd, dv, nk, p, ot, alpha)
+            }
+        }
+
+        $(#[$attr])*
+        #[inline]
+        unsafe fn pv_block_strided(v0: *const f32, vs: isize, vd: isize, dv: usize, nk: usize, p: *const f32, ot: *mut f32, alpha: *const f32) {
             let mut c = 0;
             while c + MR <= dv {
                 pv_tile::<MR>(v0.offset(c as isize * vd), vs, vd, nk, p, ot.add(c * BQ), alpha);
@@ -323,8 +384,6 @@ macro_rules! flash_core {
             let m = sc.m.ptr();
             let l = sc.l.ptr();
             let alpha = sc.alpha.ptr();
-            let msafe = sc.msafe.ptr();
-            let tmp = sc.tmp.ptr();
             let mut mx = [vzero(); NR];
             for n in 0..NR {
                 mx[n] = vload(m.add(n * LANES));
@@ -334,21 +393,14 @@ macro_rules! flash_core {
                     mx[n] = vmax(mx[n], vload(s.add(j * BQ + n * LANES)));
                 }
             }
-            for n in 0..NR {
-                vstore(tmp.add(n * LANES), mx[n]);
-            }
-            for q in 0..BQ {
-                let new_max = *tmp.add(q);
-                let safe = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
-                *alpha.add(q) = (*m.add(q) - safe).exp();
-                *msafe.add(q) = safe;
-                *m.add(q) = new_max;
-            }
             let mut ms = [vzero(); NR];
-            let mut sum = [vzero(); NR];
             for n in 0..NR {
-                ms[n] = vload(msafe.add(n * LANES));
+                ms[n] = vzero_if_neg_inf(mx[n]);
+                let old = vload(m.add(n * LANES));
+                vstore(alpha.add(n * LANES), vexp(vsub(old, ms[n])));
+                vstore(m.add(n * LANES), mx[n]);
             }
+            let mut sum = [vzero(); NR];
             for j in 0..nk {
                 for n in 0..NR {
                     let ptr = s.add(j * BQ + n * LANES);
@@ -358,10 +410,8 @@ macro_rules! flash_core {
                 }
             }
             for n in 0..NR {
-                vstore(tmp.add(n * LANES), sum[n]);
-            }
-            for q in 0..BQ {
-                *l.add(q) = *l.add(q) * *alpha.add(q) + *tmp.add(q);
+                let lp = l.add(n * LANES);
+                vstore(lp, vfma(vload(lp), vload(alpha.add(n * LANES)), sum[n]));
             }
         }
 
@@ -407,7 +457,7 @@ macro_rules! flash_core {
                     for j in 0..nk {
                         let key = (j0 + j) as isize;
                         for q in 0..nq {
-                            if key >= ((i0 + q) as isize).saturating_add(off) {
+                            if key > ((i0 + q) as isize).saturating_add(off) {
                                 *s.add(j * BQ + q) = f32::NEG_INFINITY;
                             }
                         }
@@ -434,18 +484,7 @@ macro_rules! flash_core {
 
             // Pack Qᵀ (scaled); dead lanes are zero so they stay finite and harmless.
             let qbase = job.q.offset(b as isize * job.qs[0] + h as isize * job.qs[1]);
-            for q in 0..BQ {
-                if q < nq {
-                    let row = qbase.offset((i0 + q) as isize * job.qs[2]);
-                    for dd in 0..d {
-                        *qt.add(dd * BQ + q) = *row.offset(dd as isize * job.qs[3]) * job.scale;
-                    }
-                } else {
-                    for dd in 0..d {
-                        *qt.add(dd * BQ + q) = 0.0;
-                    }
-                }
-            }
+            $crate::flash::pack_qt(qbase, job.qs[2], job.qs[3], job.scale, i0, nq, d, BQ, qt);
             for q in 0..BQ {
                 *sc.m.ptr().add(q) = f32::NEG_INFINITY;
                 *sc.l.ptr().add(q) = 0.0;
@@ -477,14 +516,7 @@ macro_rules! flash_core {
 
             // Normalize and scatter Oᵀ into the caller's layout. l == 0: every key masked → 0.
             let obase = job.out.offset(b as isize * job.os[0] + h as isize * job.os[1]);
-            for q in 0..nq {
-                let l = *sc.l.ptr().add(q);
-                let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
-                let row = obase.offset((i0 + q) as isize * job.os[2]);
-                for dd in 0..dv {
-                    *row.offset(dd as isize * job.os[3]) = *ot.add(dd * BQ + q) * inv;
-                }
-            }
+            $crate::flash::unpack_ot(ot, sc.l.ptr(), obase, job.os[2], job.os[3], i0, nq, dv, BQ);
         }
 
         /// Runs every task of `job` on the current rayon pool.

@@ -62,4 +62,10 @@ fn vexp(x: V) -> V {
     x.map(f32::exp)
 }
 
+/// `v` with `−inf` lanes replaced by 0 (the safe softmax reference of a still-empty row).
+#[inline]
+fn vzero_if_neg_inf(v: V) -> V {
+    v.map(|x| if x == f32::NEG_INFINITY { 0.0 } else { x })
+}
+
 flash_core!();

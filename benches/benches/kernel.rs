@@ -1,0 +1,139 @@
+//! Kernel-only benchmark of `attnrt-kernels` (no ONNX, no tract).
+//!
+//! * `kernel_vs_reference`: the flash kernel against the naive f64 reference at small L.
+//! * `kernel/<isa>/t<threads>/L<len>`: the kernel alone, B=1, H=12, D=64, L ∈ {128, 512, 2048,
+//!   4096}, every ISA path of this CPU (the portable path only up to L=512: it is slow), 1 and 2
+//!   threads for the best path, plus causal at L=2048.
+//!
+//! Throughput is reported as elements = flops (4·B·H·Lq·Lk·D, dense count even for causal), so
+//! criterion's "elem/s" reads as flop/s; a `GFLOP/s` summary table is printed at the end.
+//! Run: `cargo bench -p attnrt-benches --bench kernel`.
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use attnrt_kernels::{attention_with_isa, reference, AttentionParams, Isa, Mask, View4, ViewMut4};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+
+struct Problem {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    out: Vec<f32>,
+    heads: usize,
+    len: usize,
+    head_dim: usize,
+}
+
+impl Problem {
+    fn new(heads: usize, len: usize, head_dim: usize) -> Self {
+        let n = heads * len * head_dim;
+        let fill = |c: f32| (0..n).map(|i| ((i as f32) * 0.013 + c).sin()).collect::<Vec<f32>>();
+        Problem { q: fill(0.1), k: fill(0.2), v: fill(0.3), out: vec![0.0; n], heads, len, head_dim }
+    }
+
+    fn flops(&self) -> u64 {
+        4 * (self.heads * self.len * self.len * self.head_dim) as u64
+    }
+
+    /// The 3-D `[B, L, H·D]` layout, as the runtime passes ONNX tensors.
+    fn run(&mut self, isa: Isa, causal: bool, use_reference: bool) {
+        let (h, l, d) = (self.heads, self.len, self.head_dim);
+        let q = View4::from_bshd(&self.q, 1, l, h, d).unwrap();
+        let k = View4::from_bshd(&self.k, 1, l, h, d).unwrap();
+        let v = View4::from_bshd(&self.v, 1, l, h, d).unwrap();
+        let mut out = ViewMut4::from_bshd(&mut self.out, 1, l, h, d).unwrap();
+        let params = AttentionParams {
+            scale: AttentionParams::default_scale(d),
+            causal: causal.then_some(0),
+            softcap: None,
+        };
+        if use_reference {
+            reference::attention(&q, &k, &v, &Mask::None, &params, &mut out).unwrap();
+        } else {
+            attention_with_isa(isa, &q, &k, &v, &Mask::None, &params, &mut out).unwrap();
+        }
+    }
+}
+
+thread_local! {
+    static SUMMARY: RefCell<Vec<(String, u64, Vec<Duration>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Times with `iter_custom` so the per-iteration times are also kept for the summary.
+fn bench_case(
+    c: &mut Criterion,
+    group: &str,
+    id: String,
+    heads: usize,
+    len: usize,
+    threads: usize,
+    isa: Isa,
+    causal: bool,
+    use_reference: bool,
+) {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let mut p = Problem::new(heads, len, 64);
+    let flops = p.flops();
+    let name = format!("{group}/{id}");
+    let mut g = c.benchmark_group(group);
+    g.throughput(Throughput::Elements(flops));
+    g.sample_size(10);
+    g.warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(if len >= 2048 { 6 } else { 2 }));
+    g.bench_function(BenchmarkId::from_parameter(&id), |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                pool.install(|| p.run(isa, causal, use_reference));
+            }
+            let total = start.elapsed();
+            SUMMARY.with(|s| {
+                let mut s = s.borrow_mut();
+                match s.iter_mut().find(|e| e.0 == name) {
+                    Some(e) => e.2.push(total / iters as u32),
+                    None => s.push((name.clone(), flops, vec![total / iters as u32])),
+                }
+            });
+            total
+        })
+    });
+    g.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    let best = Isa::best_available();
+    bench_case(c, "kernel_vs_reference", format!("{best}/H4/L128"), 4, 128, 1, best, false, false);
+    bench_case(c, "kernel_vs_reference", "reference/H4/L128".into(), 4, 128, 1, best, false, true);
+
+    for isa in Isa::available() {
+        let lens: &[usize] = match isa {
+            Isa::Scalar => &[128, 512],
+            _ if isa == best => &[128, 512, 2048, 4096],
+            _ => &[128, 512, 2048],
+        };
+        let threads: &[usize] = if isa == best { &[1, 2] } else { &[1] };
+        for &t in threads {
+            for &len in lens {
+                bench_case(c, "kernel", format!("{isa}/t{t}/L{len}"), 12, len, t, isa, false, false);
+            }
+        }
+    }
+    for t in [1, 2] {
+        bench_case(c, "kernel", format!("{best}/t{t}/L2048-causal"), 12, 2048, t, best, true, false);
+    }
+
+    SUMMARY.with(|s| {
+        println!("\nattention core, B=1 H=12 D=64 (H=4 for kernel_vs_reference); flops = 4·B·H·L²·D (dense count)");
+        println!("{:<44} {:>12} {:>12}", "case", "median ms", "GFLOP/s");
+        for (name, flops, times) in s.borrow().iter() {
+            let mut t = times.clone();
+            t.sort();
+            let med = t[t.len() / 2].as_secs_f64();
+            println!("GFLOPS {:<37} {:>12.3} {:>12.1}", name, med * 1e3, *flops as f64 / med / 1e9);
+        }
+    });
+}
+
+criterion_group!(kernel, benches);
+criterion_main!(kernel);

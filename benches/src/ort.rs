@@ -1,0 +1,122 @@
+//! ONNX Runtime in the same benchmark run: runs `benches/python/ort_bench.py` (which builds the
+//! same MHA layer with the onnx helper) and reads its JSON.
+//!
+//! The Python interpreter is `$ATTNRT_PYTHON`, else `/work/venv/bin/python` when it exists, else
+//! `python3`. ORT is optional: without onnxruntime the script exits with status 3 and the
+//! benches print that ORT was skipped.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+/// The script's path in this checkout.
+pub fn script_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("python").join("ort_bench.py")
+}
+
+/// The Python interpreter to use.
+pub fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("ATTNRT_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = Path::new("/work/venv/bin/python");
+    if venv.exists() {
+        venv.to_path_buf()
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
+/// One timed case of the script.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OrtResult {
+    /// `attention_op` (ONNX `Attention`, opset 23) or `decomposed` (MatMul/Softmax chain).
+    pub form: String,
+    /// Sequence length.
+    pub len: usize,
+    /// Intra-op threads.
+    pub threads: usize,
+    /// Median of the timed runs, ms.
+    pub median_ms: f64,
+    /// Peak resident set of the child process that ran the case, MB.
+    pub peak_rss_mb: f64,
+    /// onnxruntime's version.
+    pub version: String,
+}
+
+/// Runs the script for `lens` with `threads` intra-op threads and `reps` timed runs each.
+/// `Ok(None)` when the interpreter or onnxruntime is missing (a reason is printed on stderr).
+pub fn run(lens: &[usize], threads: usize, reps: usize) -> Result<Option<Vec<OrtResult>>> {
+    let lens_arg = lens.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let py = python();
+    let script = script_path();
+    let out = match Command::new(&py)
+        .arg(&script)
+        .args(["--json", "--lens", &lens_arg, "--threads", &threads.to_string(), "--reps", &reps.to_string()])
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("ONNX Runtime comparison skipped: cannot start {}: {e}", py.display());
+            return Ok(None);
+        }
+    };
+    if out.status.code() == Some(3) {
+        eprintln!(
+            "ONNX Runtime comparison skipped: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return Ok(None);
+    }
+    if !out.status.success() {
+        bail!(
+            "{} {} failed ({}):\n{}",
+            py.display(),
+            script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().context("ort_bench.py printed nothing")?;
+    parse(line).map(Some)
+}
+
+/// Parses the script's `--json` output.
+pub fn parse(json: &str) -> Result<Vec<OrtResult>> {
+    let v: Value = serde_json::from_str(json).context("ort_bench.py output is not JSON")?;
+    let results = v["results"].as_array().context("ort_bench.py output has no 'results' array")?;
+    results
+        .iter()
+        .map(|r| {
+            let num = |k: &str| r[k].as_f64().with_context(|| format!("ort_bench.py result without numeric '{k}': {r}"));
+            Ok(OrtResult {
+                form: r["form"].as_str().context("result without 'form'")?.to_string(),
+                len: num("len")? as usize,
+                threads: num("threads")? as usize,
+                median_ms: num("median_ms")?,
+                peak_rss_mb: num("peak_rss_mb")?,
+                version: r["onnxruntime"].as_str().unwrap_or("?").to_string(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_script_output() {
+        let r = parse(r#"{"threads": 2, "results": [{"form": "attention_op", "len": 64, "threads": 2, "median_ms": 45.6, "min_ms": 34.3, "max_ms": 56.9, "reps": 2, "peak_rss_mb": 131.25, "onnxruntime": "1.31.1"}]}"#).unwrap();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].form, "attention_op");
+        assert_eq!(r[0].len, 64);
+        assert_eq!(r[0].median_ms, 45.6);
+        assert_eq!(r[0].version, "1.31.1");
+        assert!(parse(r#"{"results": [{"form": "x"}]}"#).is_err());
+        assert!(parse("not json").is_err());
+    }
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine or a developer's: sets up the Python side the tests
+# use (the ONNX checker and ONNX Runtime for emitted models, the onnx 1.22.0 Attention
+# conformance cases), then runs every Rust test of the workspace.
+#
+#   scripts/test.sh            # what CI runs (.ci/run)
+#
+# Needs python3 with venv and pip, and the Rust toolchain; reaches PyPI (pip) and crates.io.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+venv=${ATTNRT_VENV:-$root/target/py}
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+export ATTNRT_PYTHON="$venv/bin/python"
+
+cases=${ATTNRT_ONNX_CASES:-$root/target/onnx-attention-cases}
+if [ ! -f "$cases/cases.json" ]; then
+  "$ATTNRT_PYTHON" tests/python/fetch_onnx_attention_cases.py "$cases" \
+    --download-dir "$root/target/onnx-wheel" >/dev/null
+fi
+export ATTNRT_ONNX_CASES="$cases"
+
+"$ATTNRT_PYTHON" tests/python/test_ort_check.py
+cargo test --workspace --locked
