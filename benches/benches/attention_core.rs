@@ -122,7 +122,7 @@ fn benches(c: &mut Criterion) {
                 let params = AttentionParams::new(AttentionParams::default_scale(d));
                 let (q, k, v) =
                     (view(&data[0], layout, h, len, d), view(&data[1], layout, h, len, d), view(&data[2], layout, h, len, d));
-                let mut call = |out: &mut [f32]| {
+                let call = |out: &mut [f32]| {
                     let mut o = match layout {
                         CoreLayout::FourD => ViewMut4::contiguous(out, [1, h, len, d]),
                         CoreLayout::ThreeD => ViewMut4::from_bshd(out, 1, len, h, d),

@@ -28,8 +28,20 @@ struct Problem {
 impl Problem {
     fn new(heads: usize, len: usize, head_dim: usize) -> Self {
         let n = heads * len * head_dim;
-        let fill = |c: f32| (0..n).map(|i| ((i as f32) * 0.013 + c).sin()).collect::<Vec<f32>>();
-        Problem { q: fill(0.1), k: fill(0.2), v: fill(0.3), out: vec![0.0; n], heads, len, head_dim }
+        let fill = |c: f32| {
+            (0..n)
+                .map(|i| ((i as f32) * 0.013 + c).sin())
+                .collect::<Vec<f32>>()
+        };
+        Problem {
+            q: fill(0.1),
+            k: fill(0.2),
+            v: fill(0.3),
+            out: vec![0.0; n],
+            heads,
+            len,
+            head_dim,
+        }
     }
 
     fn flops(&self) -> u64 {
@@ -72,7 +84,10 @@ fn bench_case(
     causal: bool,
     use_reference: bool,
 ) {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
     let mut p = Problem::new(heads, len, 64);
     let flops = p.flops();
     let name = format!("{group}/{id}");
@@ -103,8 +118,28 @@ fn bench_case(
 
 fn benches(c: &mut Criterion) {
     let best = Isa::best_available();
-    bench_case(c, "kernel_vs_reference", format!("{best}/H4/L128"), 4, 128, 1, best, false, false);
-    bench_case(c, "kernel_vs_reference", "reference/H4/L128".into(), 4, 128, 1, best, false, true);
+    bench_case(
+        c,
+        "kernel_vs_reference",
+        format!("{best}/H4/L128"),
+        4,
+        128,
+        1,
+        best,
+        false,
+        false,
+    );
+    bench_case(
+        c,
+        "kernel_vs_reference",
+        "reference/H4/L128".into(),
+        4,
+        128,
+        1,
+        best,
+        false,
+        true,
+    );
 
     for isa in Isa::available() {
         let lens: &[usize] = match isa {
@@ -115,12 +150,32 @@ fn benches(c: &mut Criterion) {
         let threads: &[usize] = if isa == best { &[1, 2] } else { &[1] };
         for &t in threads {
             for &len in lens {
-                bench_case(c, "kernel", format!("{isa}/t{t}/L{len}"), 12, len, t, isa, false, false);
+                bench_case(
+                    c,
+                    "kernel",
+                    format!("{isa}/t{t}/L{len}"),
+                    12,
+                    len,
+                    t,
+                    isa,
+                    false,
+                    false,
+                );
             }
         }
     }
     for t in [1, 2] {
-        bench_case(c, "kernel", format!("{best}/t{t}/L2048-causal"), 12, 2048, t, best, true, false);
+        bench_case(
+            c,
+            "kernel",
+            format!("{best}/t{t}/L2048-causal"),
+            12,
+            2048,
+            t,
+            best,
+            true,
+            false,
+        );
     }
 
     SUMMARY.with(|s| {

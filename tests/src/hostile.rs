@@ -475,7 +475,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         "a valid protobuf of another message (StringStringEntryProto) whose field 1 has the wrong wire type for a model",
         &entry,
         Stage::Load,
-        &["not a valid ONNX model", "ModelProto.ir_version"],
+        &["not a valid ONNX model", "invalid wire type", "ModelProto.ir_version"],
     );
     let other = node("n", "Relu", &[], &["y"]).encode_to_vec();
     b.add_bytes(
@@ -589,7 +589,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     let mut bytes = m.encode_to_vec();
     let at = bytes.windows(16).position(|w| w == b"NAME_PLACEHOLDER").expect("placeholder present");
     bytes[at..at + 4].copy_from_slice(&[0xff, 0xfe, 0xc0, 0x80]);
-    b.add_bytes("non_utf8_node_name", "a node name with bytes FF FE C0 80", &bytes, Stage::Load, &["UTF-8", "NodeProto.name"]);
+    b.add_bytes("non_utf8_node_name", "a node name with bytes FF FE C0 80", &bytes, Stage::Load, &["not UTF-8", "NodeProto.name"]);
 
     // --- External data.
     b.add(
@@ -680,7 +680,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         "If/Loop bodies nested 12 deep with the subgraph depth limit lowered to 8",
         &nested_subgraphs_bytes(12),
         Stage::Load,
-        &["nested more than the limit of 8 deep", "if_"],
+        &["nested more than the limit of 8 deep", "node loop_4"],
     );
     b.last().limits.max_subgraph_depth = 8;
 
@@ -726,7 +726,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     {
         let g = m.graph.as_mut().unwrap();
         g.node.push(NodeProto {
-            attribute: vec![attnrt_onnx::attr::make_ints("value_ints", &[1_000_000, 1, 1_000_000])],
+            attribute: vec![attnrt_onnx::attr::make_ints("value_ints", &[1_000_000, 1_000_000, 1, 4])],
             ..node("shape_const", "Constant", &[], &["big_shape"])
         });
         g.node.push(node("grow", "Expand", &["y", "big_shape"], &["expanded"]));
@@ -734,10 +734,10 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     }
     b.add(
         "expand_10e12",
-        "Expand of y [2, 4] to a Constant shape [10^6, 1, 10^6]",
+        "Expand of y [2, 4] to a Constant shape [10^6, 10^6, 1, 4] (8·10^12 elements)",
         &m,
         Stage::Allocation,
-        &["grow", "Expand", "'expanded'", "elements"],
+        &["grow", "Expand", "'expanded'", "8000000000000 elements"],
     );
     let mut m = ok.clone();
     m.graph.as_mut().unwrap().input[0] = value("x", &[1_000_000, 1_000_000]);

@@ -165,6 +165,12 @@ pub struct AttentionMatch {
     pub caveats: Vec<String>,
     /// Heads of Q and K/V when known.
     pub heads: (Option<i64>, Option<i64>),
+    /// Whether the mask must be expanded to `[.., Lq, Lk]`: ONNX Runtime's Attention kernel
+    /// does not broadcast the mask's last two axes although the spec allows it.
+    pub expand_mask: bool,
+    /// Static shapes known for Q, K, V inputs (recorded as value_info so ONNX shape inference
+    /// can type the fused node when the graph itself does not say).
+    pub input_shapes: Vec<(String, i32, Vec<Dim>)>,
 }
 
 /// A tensor `t` seen through a chain of Transposes: `t = transpose(source, perm)`.
@@ -174,6 +180,13 @@ fn through_transposes(view: &GraphView, t: &str, rank: usize) -> (String, Vec<i6
     for _ in 0..4 {
         let Some(p) = view.producer(&cur) else { break };
         let n = view.node(p);
+        if n.op_type == "Reshape" && rank == 4 {
+            if let Some(x4) = flattened_swap(view, &cur) {
+                perm = perm.iter().map(|&i| [0, 1, 3, 2][i as usize]).collect();
+                cur = x4;
+                continue;
+            }
+        }
         if n.op_type != "Transpose" || !attnrt_onnx::opset::is_default_domain(&n.domain) {
             break;
         }
@@ -186,6 +199,27 @@ fn through_transposes(view: &GraphView, t: &str, rank: usize) -> (String, Vec<i6
         cur = n.input[0].clone();
     }
     (cur, perm)
+}
+
+/// Dynamo's SDPA export transposes K through 3-D:
+/// `t = Reshape(Transpose(Reshape(x4, [a·b, c, d]), [0, 2, 1]), [a, b, d, c])`, which is
+/// `transpose(x4, [0, 1, 3, 2])`; returns `x4` when the shapes prove it.
+fn flattened_swap(view: &GraphView, t: &str) -> Option<String> {
+    let outer = view.node(view.producer(t)?);
+    let tr = view.node(view.producer(&outer.input[0])?);
+    if tr.op_type != "Transpose" || attr::ints(tr, "perm").ok().flatten() != Some(&[0, 2, 1][..]) {
+        return None;
+    }
+    let inner = view.node(view.producer(&tr.input[0])?);
+    if inner.op_type != "Reshape" {
+        return None;
+    }
+    let x4 = &inner.input[0];
+    let (xs, fs, ts) = (view.shape(x4)?, view.shape(&inner.output[0])?, view.shape(t)?);
+    let ok = xs.len() == 4 && fs.len() == 3 && ts.len() == 4
+        && Some(&fs[0]) == xs[0].mul(&xs[1]).as_ref() && fs[1] == xs[2] && fs[2] == xs[3]
+        && ts[0] == xs[0] && ts[1] == xs[1] && ts[2] == xs[3] && ts[3] == xs[2];
+    ok.then(|| x4.clone())
 }
 
 /// The 3-D tensor `X [B, L, H·D]` behind `t4 = Transpose(Reshape(X, [B, L, H, D]), perm)`
@@ -419,16 +453,18 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
         // GQA: K/V repeated to the Q heads; use them before the repeat.
         let mut k4 = k_shape.clone();
         let mut v4 = vs.to_vec();
-        if k_input.1.is_none() {
-            if let Some((kv, _)) = unrepeat(view, &k_input.0) {
-                k4 = view.shape(&kv).map(<[Dim]>::to_vec).unwrap_or(k4);
-                k_input = through_transposes_to_k(view, &kv);
-                tags.push("gqa".into());
-            }
-        }
-        if let Some((vv, _)) = unrepeat(view, &v) {
-            v4 = view.shape(&vv).map(<[Dim]>::to_vec).unwrap_or(v4);
+        // Both K and V, or neither: the op takes one kv_num_heads.
+        let k_un = if k_input.1.is_none() { unrepeat(view, &k_input.0) } else { None };
+        let v_un = unrepeat(view, &v);
+        if let (Some((kv, _)), Some((vv, _))) = (k_un, v_un) {
+            let (Some(ks), Some(vvs)) = (view.shape(&kv), view.shape(&vv)) else {
+                return Err(reject(&qk_label, "shapes of K/V before the GQA repeat unknown"));
+            };
+            k4 = ks.to_vec();
+            v4 = vvs.to_vec();
+            k_input = (kv, None);
             v_in = vv;
+            tags.push("gqa".into());
         }
         if !(qs[0] == k4[0] && qs[0] == v4[0]) {
             return Err(reject(&qk_label, format!("batch of Q {}, K {}, V {} not provably equal", shape_str(qs), shape_str(&k4), shape_str(&v4))));
@@ -438,7 +474,12 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
         }
         let hq = qs[1].as_known();
         let hk = k4[1].as_known();
-        let heads_ok = qs[1] == k4[1] || matches!((hq, hk), (Some(a), Some(b)) if b > 0 && a % b == 0);
+        // Without a recognised repeat, MatMul broadcasting allows only equal heads or one
+        // K/V head; after un-repeating, the Q heads are a multiple of the K/V heads.
+        let unrepeated = tags.iter().any(|t| t == "gqa");
+        let heads_ok = qs[1] == k4[1]
+            || k4[1].is(1)
+            || (unrepeated && matches!((hq, hk), (Some(a), Some(b)) if b > 0 && a % b == 0));
         if !heads_ok {
             return Err(reject(&qk_label, format!("heads of Q {} and K {} do not match (nor divide for GQA)", shape_str(qs), shape_str(&k4))));
         }
@@ -498,6 +539,23 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
         }
     }
     caveats.dedup();
+    let mut expand_mask = false;
+    if !masks.is_empty() {
+        let parts: Vec<Vec<Dim>> = masks
+            .iter()
+            .flat_map(|m| match m {
+                MaskLayer::Add { term, .. } => vec![term.clone()],
+                MaskLayer::Fill { cond, fill, .. } => vec![cond.clone(), fill.clone()],
+            })
+            .filter_map(|t| view.shape(&t).map(<[Dim]>::to_vec))
+            .collect();
+        let combined = parts.iter().skip(1).try_fold(parts[0].clone(), |a, b| crate::graph::broadcast(&a, b));
+        let r = scores_shape.len();
+        expand_mask = match combined {
+            Some(c) if c.len() >= 2 => c[c.len() - 2] != scores_shape[r - 2] || c[c.len() - 1] != scores_shape[r - 1],
+            _ => true,
+        };
+    }
 
     // Scale: omit only when computed at run time and equal to the default 1/sqrt(head_size).
     let head_size = qs[rank - 1].as_known();
@@ -527,6 +585,10 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
         }
     }
 
+    let input_shapes: Vec<(String, i32, Vec<Dim>)> = [q_in.clone(), k_input.0.clone(), v_in.clone()]
+        .into_iter()
+        .filter_map(|t| Some((t.clone(), view.elem_type(&t)?, view.shape(&t)?.to_vec())))
+        .collect();
     Ok(AttentionMatch {
         softmax: sm,
         core,
@@ -541,13 +603,9 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
         tags,
         caveats,
         heads,
+        expand_mask,
+        input_shapes,
     })
-}
-
-/// `kv` as the K input: itself (identity) — kept as a function so the GQA path reads like the
-/// plain one.
-fn through_transposes_to_k(_view: &GraphView, kv: &str) -> (String, Option<Vec<i64>>) {
-    (kv.to_string(), None)
 }
 
 /// `out3 = Reshape(Transpose(ctx, [0, 2, 1, 3]), [B, Lq, H·Dv])`; returns the Transpose and

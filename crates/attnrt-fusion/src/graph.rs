@@ -68,6 +68,15 @@ impl Dim {
         Some(Dim { coef: self.coef / other.coef, syms })
     }
 
+    /// The symbol's name when the dimension is exactly one named symbol (a graph `dim_param`,
+    /// not a fresh name made up for an unnamed dimension).
+    pub fn as_symbol(&self) -> Option<&str> {
+        match (self.coef, self.syms.len()) {
+            (1, 1) => self.syms.iter().next().filter(|(k, e)| **e == 1 && !k.contains('#')).map(|(k, _)| k.as_str()),
+            _ => None,
+        }
+    }
+
     /// Whether the dimension is a known constant equal to `v`.
     pub fn is(&self, v: i64) -> bool {
         self.as_known() == Some(v)
@@ -374,7 +383,10 @@ impl<'a> GraphView<'a> {
                 self.set(n, 0, s0, v);
             }
             "Softmax" | "Sqrt" | "Relu" | "Erf" | "Neg" | "Not" | "IsNaN" | "IsInf" | "Tanh"
-            | "Sigmoid" | "Exp" | "Log" | "Reciprocal" | "Abs" | "Gelu" => {
+            | "Sigmoid" | "Exp" | "Log" | "Reciprocal" | "Abs" | "Gelu" | "LayerNormalization"
+            | "Dropout" | "Clip" | "BatchNormalization" | "Softplus" | "HardSigmoid" | "Trilu"
+            | "Floor" | "Ceil" | "Round" | "Sign" | "Sin" | "Cos" | "InstanceNormalization"
+            | "RMSNormalization" | "LogSoftmax" | "Elu" | "LeakyRelu" | "Mish" | "HardSwish" => {
                 let v = match (n.op_type.as_str(), self.in_value(n, 0)) {
                     ("Sqrt", Some(Value::Floats(d, v))) => Some(Value::Floats(d.clone(), v.iter().map(|x| x.sqrt()).collect())),
                     ("Reciprocal", Some(Value::Floats(d, v))) => Some(Value::Floats(d.clone(), v.iter().map(|x| 1.0 / x).collect())),
@@ -393,12 +405,13 @@ impl<'a> GraphView<'a> {
                 self.set(n, 0, s0, v);
             }
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Equal" | "Less" | "Greater"
-            | "And" | "Or" | "Where" | "Max" | "Min" => {
+            | "And" | "Or" | "Where" | "Max" | "Min" | "GreaterOrEqual" | "LessOrEqual" | "Xor"
+            | "BitwiseAnd" | "BitwiseOr" => {
                 let shapes: Option<Vec<Vec<Dim>>> = (0..n.input.len()).map(|i| self.in_shape(n, i)).collect();
                 let shape = shapes.and_then(|s| broadcast_all(&s));
                 let vals: Option<Vec<&Value>> = (0..n.input.len()).map(|i| self.in_value(n, i)).collect();
                 let v = vals.and_then(|v| eval_elementwise(&n.op_type, &v));
-                let ty = if matches!(n.op_type.as_str(), "Equal" | "Less" | "Greater" | "And" | "Or") {
+                let ty = if matches!(n.op_type.as_str(), "Equal" | "Less" | "Greater" | "And" | "Or" | "GreaterOrEqual" | "LessOrEqual" | "Xor") {
                     Some(DataType::Bool as i32)
                 } else {
                     let first = if n.op_type == "Where" { 1 } else { 0 };
@@ -511,9 +524,14 @@ impl<'a> GraphView<'a> {
             }
             "Gather" => {
                 let axis = attr::int(n, "axis").ok().flatten().unwrap_or(0);
-                let Some(idx) = self.in_value(n, 1).and_then(Value::known_ints) else { return };
-                let idx_dims = self.in_value(n, 1).map(|v| v.dims().to_vec()).unwrap_or_default();
-                if let Some(Value::Ints(d, x)) = self.in_value(n, 0) {
+                let idx = self.in_value(n, 1).and_then(Value::known_ints);
+                let idx_shape: Option<Vec<Dim>> = match self.in_value(n, 1) {
+                    Some(v) => Some(v.dims().iter().map(|&d| Dim::known(d)).collect()),
+                    None => self.in_shape(n, 1),
+                };
+                let Some(idx_shape) = idx_shape else { return };
+                if let (Some(Value::Ints(d, x)), Some(idx)) = (self.in_value(n, 0), idx.as_ref()) {
+                    let idx_dims: Vec<i64> = self.in_value(n, 1).map(|v| v.dims().to_vec()).unwrap_or_default();
                     if d.len() == 1 && axis == 0 {
                         let len = x.len() as i64;
                         let picked: Option<Vec<Dim>> = idx
@@ -536,12 +554,55 @@ impl<'a> GraphView<'a> {
                     return;
                 }
                 let mut out: Vec<Dim> = s[..axis as usize].to_vec();
-                out.extend(idx_dims.iter().map(|&d| Dim::known(d)));
+                out.extend(idx_shape.iter().cloned());
                 out.extend(s[axis as usize + 1..].iter().cloned());
                 self.copy_type(n);
                 self.set(n, 0, Some(out), None);
             }
             "Slice" => self.infer_slice(n),
+            "GatherElements" => {
+                let s1 = self.in_shape(n, 1);
+                self.copy_type(n);
+                self.set(n, 0, s1, None);
+            }
+            "GatherND" => {
+                let (Some(data), Some(idx)) = (s0, self.in_shape(n, 1)) else { return };
+                let b = attr::int(n, "batch_dims").ok().flatten().unwrap_or(0) as usize;
+                let Some(k) = idx.last().and_then(Dim::as_known) else { return };
+                if idx.is_empty() || b + k as usize > data.len() {
+                    return;
+                }
+                let mut out: Vec<Dim> = idx[..idx.len() - 1].to_vec();
+                out.extend(data[b + k as usize..].iter().cloned());
+                self.copy_type(n);
+                self.set(n, 0, Some(out), None);
+            }
+            "Range" => {
+                let get = |i: usize| self.in_value(n, i).and_then(|v| match v {
+                    Value::Ints(_, x) if x.len() == 1 => Some(x[0].clone()),
+                    _ => None,
+                });
+                let (Some(start), Some(limit), Some(delta)) = (get(0), get(1), get(2)) else { return };
+                let len = match (start.as_known(), limit.as_known(), delta.as_known()) {
+                    (Some(0), _, Some(1)) => limit,
+                    (Some(a), Some(b), Some(d)) if d != 0 => Dim::known(((b - a + d - d.signum()) / d).max(0)),
+                    _ => return,
+                };
+                self.copy_type(n);
+                self.set(n, 0, Some(vec![len]), None);
+            }
+            "Flatten" => {
+                let Some(s) = s0 else { return };
+                let r = s.len() as i64;
+                let axis = attr::int(n, "axis").ok().flatten().unwrap_or(1);
+                let axis = if axis < 0 { axis + r } else { axis };
+                if !(0..=r).contains(&axis) {
+                    return;
+                }
+                let (Some(a), Some(b)) = (product(&s[..axis as usize]), product(&s[axis as usize..])) else { return };
+                self.copy_type(n);
+                self.set(n, 0, Some(vec![a, b]), None);
+            }
             "Split" => {
                 let Some(s) = s0 else { return };
                 let r = s.len() as i64;
@@ -581,7 +642,17 @@ impl<'a> GraphView<'a> {
                 self.set(n, 0, out, None);
             }
             "ConstantOfShape" => {
-                let Some(shape) = self.in_value(n, 0).and_then(Value::known_ints) else { return };
+                let fill_type = attr::tensor(n, "value").ok().flatten().map_or(DataType::Float as i32, |t| t.data_type);
+                if let Some(o) = n.output.first() {
+                    self.elem_types.insert(o.clone(), fill_type);
+                }
+                let Some(shape) = self.in_value(n, 0).and_then(Value::known_ints) else {
+                    // A run-time shape: the dims are still known symbolically.
+                    if let Some(Value::Ints(_, dims)) = self.in_value(n, 0).cloned() {
+                        self.set(n, 0, Some(dims), None);
+                    }
+                    return;
+                };
                 let count: i64 = shape.iter().product();
                 if count < 0 || count as usize > MAX_VALUE_ELEMENTS {
                     return;
@@ -591,9 +662,10 @@ impl<'a> GraphView<'a> {
                     None => Some(Value::Floats(shape.clone(), vec![0.0; count as usize])),
                     Some(Value::Floats(_, f)) if f.len() == 1 => Some(Value::Floats(shape.clone(), vec![f[0]; count as usize])),
                     Some(Value::Ints(_, i)) if i.len() == 1 => Some(Value::Ints(shape.clone(), vec![i[0].clone(); count as usize])),
+                    Some(Value::Bools(_, b)) if b.len() == 1 => Some(Value::Bools(shape.clone(), vec![b[0]; count as usize])),
                     _ => None,
                 };
-                self.set(n, 0, None, v);
+                self.set(n, 0, Some(shape.iter().map(|&d| Dim::known(d)).collect()), v);
             }
             _ => {}
         }
@@ -606,16 +678,21 @@ impl<'a> GraphView<'a> {
     }
 
     fn infer_slice(&mut self, n: &NodeProto) {
+        let dims_of = |i: usize| match self.in_value(n, i) {
+            Some(Value::Ints(_, x)) => Some(x.clone()),
+            _ => None,
+        };
         let get = |i: usize| self.in_value(n, i).and_then(Value::known_ints);
-        let (Some(starts), Some(ends)) = (get(1), get(2)) else { return };
+        let (Some(starts), Some(ends_sym)) = (get(1), dims_of(2)) else { return };
         let axes = if n.input.len() > 3 && !n.input[3].is_empty() { get(3) } else { Some((0..starts.len() as i64).collect()) };
         let steps = if n.input.len() > 4 && !n.input[4].is_empty() { get(4) } else { Some(vec![1; starts.len()]) };
         let (Some(axes), Some(steps)) = (axes, steps) else { return };
-        if axes.len() != starts.len() || ends.len() != starts.len() || steps.len() != starts.len() || steps.iter().any(|&s| s != 1) {
+        if axes.len() != starts.len() || ends_sym.len() != starts.len() || steps.len() != starts.len() || steps.iter().any(|&s| s != 1) {
             return;
         }
+        let ends_known: Option<Vec<i64>> = ends_sym.iter().map(Dim::as_known).collect();
         // A 1-D integer value (shape vector) sliced on axis 0.
-        if let Some(Value::Ints(d, x)) = self.in_value(n, 0).cloned() {
+        if let (Some(Value::Ints(d, x)), Some(ends)) = (self.in_value(n, 0).cloned(), ends_known.as_ref()) {
             if d.len() == 1 && axes.len() == 1 && (axes[0] == 0 || axes[0] == -1) {
                 let len = x.len() as i64;
                 let (b, e) = slice_range(starts[0], ends[0], len);
@@ -632,12 +709,22 @@ impl<'a> GraphView<'a> {
                 return;
             }
             let d = &s[ax as usize];
-            let full = starts[k] == 0 && ends[k] >= i64::MAX / 2;
-            if full {
+            let end = &ends_sym[k];
+            if starts[k] == 0 && end.as_known().is_some_and(|e| e >= i64::MAX / 2) {
                 continue;
             }
-            let Some(len) = d.as_known() else { return };
-            let (b, e) = slice_range(starts[k], ends[k], len);
+            if starts[k] == 0 && end.as_known().is_none() {
+                // `x[:e]` with a run-time `e` (a causal buffer sliced to the sequence length):
+                // the result has min(d, e) rows. It is taken as `e`: where e > d the original
+                // graph fails at the first broadcast against an e-sized tensor anyway.
+                if d == end || d.as_known().is_some() {
+                    s[ax as usize] = end.clone();
+                    continue;
+                }
+                return;
+            }
+            let (Some(len), Some(e)) = (d.as_known(), end.as_known()) else { return };
+            let (b, e) = slice_range(starts[k], e, len);
             s[ax as usize] = Dim::known((e - b).max(0));
         }
         self.copy_type(n);

@@ -52,6 +52,25 @@ pub fn rewrite(graph: &mut GraphProto, m: &AttentionMatch, name: &str) -> Result
     // combined into one float mask with inserted nodes.
     let (mask_tensor, mask_kind) = build_mask(graph, m, &fresh, &mut new_nodes, &mut new_inits)?;
 
+    // ONNX Runtime wants the mask's last two axes to be [Lq, Lk] exactly: expand a
+    // broadcasting mask with the run-time lengths taken from Q and V.
+    let mask_tensor = match (mask_tensor, m.expand_mask) {
+        (Some(mt), true) => {
+            let seq_axis = if m.layout == Layout::FourD { 2 } else { 1 };
+            let lq = fresh("Lq")?;
+            let lk = fresh("Lk")?;
+            let shape_attrs = || vec![attr::make_int("start", seq_axis), attr::make_int("end", seq_axis + 1)];
+            new_nodes.push(node(fresh("Lq_shape")?, "Shape", vec![m.q.clone()], vec![lq.clone()], shape_attrs()));
+            new_nodes.push(node(fresh("Lk_shape")?, "Shape", vec![m.v.clone()], vec![lk.clone()], shape_attrs()));
+            let target = fresh("mask_shape")?;
+            new_nodes.push(node(fresh("mask_shape_concat")?, "Concat", vec![lq, lk], vec![target.clone()], vec![attr::make_int("axis", 0)]));
+            let out = fresh("mask_expanded")?;
+            new_nodes.push(node(fresh("mask_expand")?, "Expand", vec![mt, target], vec![out.clone()], vec![]));
+            Some(out)
+        }
+        (mt, _) => mt,
+    };
+
     let mut inputs = vec![m.q.clone(), k, m.v.clone()];
     let mut attrs = Vec::new();
     if let Layout::ThreeD { q_heads, kv_heads } = m.layout {
@@ -141,14 +160,48 @@ pub fn rewrite(graph: &mut GraphProto, m: &AttentionMatch, name: &str) -> Result
     let graph_outs: HashSet<String> = graph.output.iter().map(|o| o.name.clone()).collect();
     let produced: HashSet<String> = graph.node.iter().flat_map(|n| n.output.iter().cloned()).collect();
     graph.initializer.retain(|t| !old_inputs.contains(&t.name) || read.contains(t.name.as_str()) || graph_outs.contains(&t.name));
+    let inits: HashSet<String> = graph.initializer.iter().map(|t| t.name.clone()).collect();
     // Declared types of tensors that no longer exist would confuse readers and checkers.
     graph.value_info.retain(|vi| !removed_outputs.contains(&vi.name) || produced.contains(&vi.name));
+
+    // Declare the fused node's input shapes we proved, where the graph does not: ONNX shape
+    // inference of Attention needs the hidden sizes of 3-D inputs.
+    let declared: HashSet<String> = graph.value_info.iter().chain(graph.input.iter()).chain(graph.output.iter()).map(|v| v.name.clone()).collect();
+    for (t, ty, dims) in &m.input_shapes {
+        if !declared.contains(t) && !inits.contains(t.as_str()) && !graph.value_info.iter().any(|v| &v.name == t) {
+            graph.value_info.push(value_info(t, *ty, dims));
+        }
+    }
 
     let order = topo_order(graph).map_err(|e| anyhow::anyhow!("after fusing {name}: {e}"))?;
     let mut slots: Vec<Option<NodeProto>> = std::mem::take(&mut graph.node).into_iter().map(Some).collect();
     graph.node = order.into_iter().filter_map(|i| slots[i].take()).collect();
 
     Ok(Rewritten { node: name.to_string(), removed, mask: mask_kind })
+}
+
+fn value_info(name: &str, elem_type: i32, dims: &[crate::graph::Dim]) -> attnrt_onnx::ValueInfoProto {
+    use attnrt_onnx::proto::tensor_shape_proto::{dimension, Dimension};
+    use attnrt_onnx::proto::{type_proto, TensorShapeProto, TypeProto};
+    let dim = dims
+        .iter()
+        .map(|d| Dimension {
+            value: match (d.as_known(), d.as_symbol()) {
+                (Some(v), _) => Some(dimension::Value::DimValue(v)),
+                (None, Some(s)) => Some(dimension::Value::DimParam(s.to_string())),
+                _ => None,
+            },
+            ..Default::default()
+        })
+        .collect();
+    attnrt_onnx::ValueInfoProto {
+        name: name.to_string(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type, shape: Some(TensorShapeProto { dim }) })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 type Fresh<'a> = dyn Fn(&str) -> Result<String> + 'a;

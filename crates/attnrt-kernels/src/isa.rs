@@ -56,7 +56,8 @@ impl Isa {
             Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => {
-                std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
             }
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx512 | Isa::Avx2 => false,
@@ -68,7 +69,10 @@ impl Isa {
         if self.is_available() {
             Ok(())
         } else {
-            Err(KernelError::IsaUnavailable { isa: self.name(), needs: self.needs() })
+            Err(KernelError::IsaUnavailable {
+                isa: self.name(),
+                needs: self.needs(),
+            })
         }
     }
 
@@ -79,7 +83,10 @@ impl Isa {
 
     /// The fastest path this CPU can run.
     pub fn best_available() -> Isa {
-        Isa::ALL.into_iter().find(|i| i.is_available()).unwrap_or(Isa::Scalar)
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.is_available())
+            .unwrap_or(Isa::Scalar)
     }
 
     /// The path [`crate::attention`] uses: `ATTNRT_KERNEL_ISA` if set (an unknown value or a path
@@ -96,7 +103,9 @@ impl Isa {
                 isa.ensure_available()?;
                 Ok(*isa)
             }
-            Err(value) => Err(KernelError::BadIsaEnv { value: value.clone() }),
+            Err(value) => Err(KernelError::BadIsaEnv {
+                value: value.clone(),
+            }),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Fused multi-head attention for CPUs: a flash-style kernel (online softmax, no `Lq×Lk` buffer,
 //! run-time selected AVX-512 / AVX2+FMA / scalar micro-kernels, rayon tasks per
-//! `(batch, q-head, query block)`) and a naive [`reference`] used by the tests.
+//! `(batch, q-head, block of up to 256 queries)`) and a naive [`reference`](mod@reference) used by the tests.
+//! How the kernel is laid out, and why, is described in `src/flash/mod.rs`.
 //!
 //! The semantics are those of the ONNX `Attention` operator (opset 23, with the post-release
 //! errata), restricted to what a kernel needs; the caller (the runtime) handles the ONNX-level
@@ -66,7 +67,11 @@ pub struct AttentionParams {
 impl AttentionParams {
     /// Plain attention with the given scale: no causal mask, no softcap.
     pub fn new(scale: f32) -> Self {
-        AttentionParams { scale, causal: None, softcap: None }
+        AttentionParams {
+            scale,
+            causal: None,
+            softcap: None,
+        }
     }
 
     /// The ONNX default scale `1/√head_dim` (1 for `head_dim == 0`).
@@ -89,8 +94,10 @@ impl AttentionParams {
 ///
 /// Shapes: Q `[B, Hq, Lq, D]`, K `[B, Hkv, Lk, D]`, V `[B, Hkv, Lk, Dv]`, out `[B, Hq, Lq, Dv]`,
 /// `Hq % Hkv == 0` (GQA: q-head `h` uses kv-head `h / (Hq/Hkv)`). Runs on the current rayon pool
-/// (wrap the call in `pool.install(..)` to choose the threads). Scratch memory per task is
-/// `O(block_q·(D + Dv + block_k))`, independent of the sequence lengths.
+/// (wrap the call in `pool.install(..)` to choose the threads). Scratch memory is one buffer
+/// per pool thread of [`scratch_bytes`] (≈ 0.2–0.4 MB at D = 64–128), independent of the sequence
+/// lengths: no `Lq×Lk` score matrix is ever formed. Each thread keeps its buffer for the next
+/// call with the same head sizes.
 pub fn attention(
     q: &View4,
     k: &View4,
@@ -148,14 +155,22 @@ impl Problem {
         let [batch, q_heads, q_len, head_dim] = q.dims;
         let [kb, kv_heads, kv_len, kd] = k.dims;
         if kb != batch {
-            return Err(KernelError::Shape(format!("Q has batch {batch} but K has batch {kb} (Q {:?}, K {:?})", q.dims, k.dims)));
+            return Err(KernelError::Shape(format!(
+                "Q has batch {batch} but K has batch {kb} (Q {:?}, K {:?})",
+                q.dims, k.dims
+            )));
         }
         if kd != head_dim {
-            return Err(KernelError::Shape(format!("Q head size {head_dim} differs from K head size {kd} (Q {:?}, K {:?})", q.dims, k.dims)));
+            return Err(KernelError::Shape(format!(
+                "Q head size {head_dim} differs from K head size {kd} (Q {:?}, K {:?})",
+                q.dims, k.dims
+            )));
         }
         if kv_heads == 0 {
             if q_heads != 0 {
-                return Err(KernelError::Shape(format!("K has 0 heads but Q has {q_heads}")));
+                return Err(KernelError::Shape(format!(
+                    "K has 0 heads but Q has {q_heads}"
+                )));
             }
         } else if q_heads % kv_heads != 0 {
             return Err(KernelError::Shape(format!(
@@ -178,7 +193,10 @@ impl Problem {
             out.validate("out")?;
             let want = [batch, q_heads, q_len, v_head_dim];
             if out.dims != want {
-                return Err(KernelError::Shape(format!("out dims {:?} must be {want:?} (from Q {:?} and V)", out.dims, q.dims)));
+                return Err(KernelError::Shape(format!(
+                    "out dims {:?} must be {want:?} (from Q {:?} and V)",
+                    out.dims, q.dims
+                )));
             }
         }
         let mask_dims = match mask {
@@ -211,15 +229,20 @@ impl Problem {
             }
             live_keys = md[3];
         }
-        Ok(Problem { batch, q_heads, kv_heads, q_len, kv_len, live_keys, head_dim, v_head_dim })
+        Ok(Problem {
+            batch,
+            q_heads,
+            kv_heads,
+            q_len,
+            kv_len,
+            live_keys,
+            head_dim,
+            v_head_dim,
+        })
     }
 
     /// Number of q-heads sharing one kv-head.
     pub(crate) fn group(&self) -> usize {
-        if self.kv_heads == 0 {
-            1
-        } else {
-            self.q_heads / self.kv_heads
-        }
+        self.q_heads.checked_div(self.kv_heads).unwrap_or(1)
     }
 }

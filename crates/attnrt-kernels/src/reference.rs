@@ -79,7 +79,17 @@ fn broadcast_idx(dims: &[usize; 4], idx: [usize; 4]) -> [usize; 4] {
     r
 }
 
-fn row(p: &Problem, q: &View4, k: &View4, mask: &Mask, params: &AttentionParams, b: usize, h: usize, i: usize) -> Row {
+#[allow(clippy::too_many_arguments)] // one query row's full coordinates
+fn row(
+    p: &Problem,
+    q: &View4,
+    k: &View4,
+    mask: &Mask,
+    params: &AttentionParams,
+    b: usize,
+    h: usize,
+    i: usize,
+) -> Row {
     let hk = h / p.group();
     let lk = p.kv_len;
     let mut raw = vec![0.0f64; lk];
@@ -112,7 +122,12 @@ fn row(p: &Problem, q: &View4, k: &View4, mask: &Mask, params: &AttentionParams,
         let sum = if sum == 0.0 { 1.0 } else { sum };
         e.iter().map(|x| x / sum).collect()
     };
-    Row { raw, capped, biased, probs }
+    Row {
+        raw,
+        capped,
+        biased,
+        probs,
+    }
 }
 
 /// Reference attention: same contract as [`crate::attention`], computed row by row in `f64`.
@@ -156,7 +171,12 @@ pub fn scores(
     let total = [p.batch, p.q_heads, p.q_len, p.kv_len]
         .iter()
         .try_fold(1usize, |a, x| a.checked_mul(*x))
-        .ok_or_else(|| KernelError::Shape(format!("scores [{}, {}, {}, {}] overflow", p.batch, p.q_heads, p.q_len, p.kv_len)))?;
+        .ok_or_else(|| {
+            KernelError::Shape(format!(
+                "scores [{}, {}, {}, {}] overflow",
+                p.batch, p.q_heads, p.q_len, p.kv_len
+            ))
+        })?;
     let mut res = Vec::with_capacity(total);
     for b in 0..p.batch {
         for h in 0..p.q_heads {

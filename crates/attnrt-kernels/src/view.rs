@@ -36,7 +36,11 @@ impl<'a, T> View4<'a, T> {
     /// A view with explicit strides; fails if any index would fall outside `data`.
     pub fn new(data: &'a [T], dims: [usize; 4], strides: [isize; 4]) -> Result<Self, KernelError> {
         check_extent("view", data.len(), &dims, &strides)?;
-        Ok(View4 { data, dims, strides })
+        Ok(View4 {
+            data,
+            dims,
+            strides,
+        })
     }
 
     /// A dense row-major `[B, H, L, D]` view.
@@ -98,10 +102,18 @@ impl std::fmt::Debug for ViewMut4<'_> {
 
 impl<'a> ViewMut4<'a> {
     /// A view with explicit strides; fails if an index falls outside `data` or two indices alias.
-    pub fn new(data: &'a mut [f32], dims: [usize; 4], strides: [isize; 4]) -> Result<Self, KernelError> {
+    pub fn new(
+        data: &'a mut [f32],
+        dims: [usize; 4],
+        strides: [isize; 4],
+    ) -> Result<Self, KernelError> {
         check_extent("out", data.len(), &dims, &strides)?;
         check_no_overlap("out", &dims, &strides)?;
-        Ok(ViewMut4 { data, dims, strides })
+        Ok(ViewMut4 {
+            data,
+            dims,
+            strides,
+        })
     }
 
     /// A dense row-major `[B, H, L, D]` view.
@@ -186,7 +198,12 @@ fn bshd_strides(
     heads: usize,
     head_dim: usize,
 ) -> Result<[isize; 4], KernelError> {
-    let too_big = || invalid(tensor, format!("3-D shape [{batch}, {seq}, {heads}x{head_dim}] overflows"));
+    let too_big = || {
+        invalid(
+            tensor,
+            format!("3-D shape [{batch}, {seq}, {heads}x{head_dim}] overflows"),
+        )
+    };
     let hidden = heads.checked_mul(head_dim).ok_or_else(too_big)?;
     let per_batch = seq.checked_mul(hidden).ok_or_else(too_big)?;
     let _total = batch.checked_mul(per_batch).ok_or_else(too_big)?;
@@ -218,7 +235,12 @@ fn check_extent(
         let span = (strides[a] as usize)
             .checked_mul(dims[a] - 1)
             .and_then(|x| max_off.checked_add(x))
-            .ok_or_else(|| invalid(tensor, format!("dims {dims:?} with strides {strides:?} overflow")))?;
+            .ok_or_else(|| {
+                invalid(
+                    tensor,
+                    format!("dims {dims:?} with strides {strides:?} overflow"),
+                )
+            })?;
         max_off = span;
     }
     if max_off >= len {
@@ -234,7 +256,11 @@ fn check_extent(
 
 /// Sufficient condition for an injective index→offset map: sorted by stride, each stride exceeds
 /// the span covered by all smaller axes.
-fn check_no_overlap(tensor: &'static str, dims: &[usize; 4], strides: &[isize; 4]) -> Result<(), KernelError> {
+fn check_no_overlap(
+    tensor: &'static str,
+    dims: &[usize; 4],
+    strides: &[isize; 4],
+) -> Result<(), KernelError> {
     if dims.contains(&0) {
         return Ok(());
     }

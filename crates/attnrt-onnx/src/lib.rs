@@ -20,7 +20,7 @@ pub mod proto {
 }
 
 pub use limits::check_static_allocation;
-pub use load::{decode_model, load_model, LoadedModel};
+pub use load::{decode_model, load_model, load_model_from_bytes, LoadedModel};
 /// prost's `Message` trait, so users can encode and decode the schema types
 /// (`model.encode_to_vec()`, `ModelProto::decode(bytes)`) without depending on prost themselves.
 pub use prost::Message;

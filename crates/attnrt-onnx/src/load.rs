@@ -77,8 +77,19 @@ fn decode_error(what: &str, e: &prost::DecodeError) -> anyhow::Error {
     let body = text
         .strip_prefix("failed to decode Protobuf message: ")
         .unwrap_or(&text);
-    let mut parts: Vec<&str> = body.split(": ").collect();
-    let description = parts.pop().unwrap_or("");
+    // The path entries are `Message.field`; the description is the rest (it may hold ": ").
+    let mut parts: Vec<&str> = Vec::new();
+    let mut rest = body;
+    while let Some((head, tail)) = rest.split_once(": ") {
+        let is_path = head.contains('.')
+            && head.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+        if !is_path {
+            break;
+        }
+        parts.push(head);
+        rest = tail;
+    }
+    let description = rest;
     if description.contains("recursion limit") {
         return anyhow::anyhow!(
             "{what}: not a valid ONNX model: messages nested more than {PROTOBUF_NESTING_LIMIT} deep \
@@ -155,15 +166,41 @@ pub fn load_model(path: &Path, limits: &Limits) -> Result<LoadedModel> {
         );
     }
     let bytes = std::fs::read(path).with_context(|| format!("{what}: cannot read"))?;
-    let mut model = decode_model(&bytes, &what, limits)?;
-    drop(bytes);
     let dir = path
         .parent()
         .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
         .unwrap_or(Path::new("."));
+    let mut model = decode_model(&bytes, &what, limits)?;
+    // The decoded model owns copies of everything; the file's bytes are not needed any more.
+    drop(bytes);
+    let external_files = resolve_external(&mut model, &what, dir, limits)?;
+    Ok(LoadedModel {
+        model,
+        path: path.to_path_buf(),
+        external_files,
+    })
+}
+
+/// [`load_model`] on bytes already in memory: decodes them (see [`decode_model`]), reads
+/// external data from files inside `dir` only, and checks every tensor against its dims and
+/// `limits`. `what` names the source in error messages. Returns the self-contained model and
+/// the external data files read (relative to `dir`, in first-use order).
+pub fn load_model_from_bytes(
+    bytes: &[u8],
+    what: &str,
+    dir: &Path,
+    limits: &Limits,
+) -> Result<(ModelProto, Vec<String>)> {
+    let mut model = decode_model(bytes, what, limits)?;
+    let files = resolve_external(&mut model, what, dir, limits)?;
+    Ok((model, files))
+}
+
+/// Inlines every external tensor of `model` from files inside `dir` and checks every tensor.
+fn resolve_external(model: &mut ModelProto, what: &str, dir: &Path, limits: &Limits) -> Result<Vec<String>> {
     let mut ctx = ExternalCtx {
         dir,
-        model_path: &what,
+        model_path: what,
         limits,
         read_bytes: 0,
         files: Vec::new(),
@@ -173,12 +210,7 @@ pub fn load_model(path: &Path, limits: &Limits) -> Result<LoadedModel> {
     for f in &mut model.functions {
         resolve_function(f, &mut ctx)?;
     }
-    let files = ctx.files;
-    Ok(LoadedModel {
-        model,
-        path: path.to_path_buf(),
-        external_files: files,
-    })
+    Ok(ctx.files)
 }
 
 struct ExternalCtx<'a> {

@@ -420,15 +420,20 @@ impl TypedOp for AttentionKernelOp {
     }
 }
 
-/// One input as f32 data (converted from f16 when needed) with its shape.
-struct F32Input {
-    data: Vec<f32>,
+/// One input as f32 data with its shape: borrowed when it already is f32, converted (f16)
+/// otherwise.
+struct F32Input<'a> {
+    data: std::borrow::Cow<'a, [f32]>,
     shape: Vec<usize>,
 }
 
-fn to_f32(t: &Tensor, what: &str) -> TractResult<F32Input> {
-    let c = t.cast_to::<f32>().with_context(|| format!("converting {what} to float32"))?;
-    let data = c.try_as_plain_ram()?.as_slice::<f32>()?.to_vec();
+fn to_f32<'a>(t: &'a Tensor, what: &str) -> TractResult<F32Input<'a>> {
+    let data = if t.datum_type() == DatumType::F32 {
+        std::borrow::Cow::Borrowed(t.try_as_plain_ram()?.as_slice::<f32>()?)
+    } else {
+        let c = t.cast_to::<f32>().with_context(|| format!("converting {what} to float32"))?;
+        std::borrow::Cow::Owned(c.try_as_plain_ram()?.as_slice::<f32>()?.to_vec())
+    };
     Ok(F32Input { data, shape: t.shape().to_vec() })
 }
 
@@ -445,7 +450,7 @@ fn strides4(d: [usize; 4]) -> [isize; 4] {
 
 /// Q/K/V seen as `[B, H, L, D]` strided views over their own buffers.
 fn heads_view<'a>(
-    x: &'a F32Input,
+    x: &'a F32Input<'_>,
     heads: usize,
     what: &str,
 ) -> TractResult<View4<'a, f32>> {
@@ -463,7 +468,7 @@ fn heads_view<'a>(
 }
 
 /// `concat([past, cur], axis=2)` into a fresh contiguous `[B, H, P+L, D]` buffer.
-fn concat_seq(past: &F32Input, cur: &View4<f32>, what: &str) -> TractResult<(Vec<f32>, [usize; 4])> {
+fn concat_seq(past: &F32Input<'_>, cur: &View4<f32>, what: &str) -> TractResult<(Vec<f32>, [usize; 4])> {
     let pd = dims4(&past.shape, what)?;
     let cd = cur.dims;
     if pd[0] != cd[0] || pd[1] != cd[1] || pd[3] != cd[3] {
@@ -615,8 +620,8 @@ fn eval_attention(op: &AttentionOp, inputs: &[TValue]) -> TractResult<TVec<TValu
                 mask_bool = m.try_as_plain_ram()?.as_slice::<bool>()?.to_vec();
                 Mask::Boolean(View4::new(&mask_bool, dims, strides)?)
             } else if m.datum_type() == dt {
-                mask_f32 = to_f32(m, "attn_mask")?.data;
-                Mask::Additive(View4::new(&mask_f32, dims, strides)?)
+                mask_f32 = to_f32(m, "attn_mask")?;
+                Mask::Additive(View4::new(&mask_f32.data[..], dims, strides)?)
             } else {
                 bail!("attn_mask is {:?}; it must be bool or {dt:?}", m.datum_type());
             }
@@ -643,6 +648,19 @@ fn eval_attention(op: &AttentionOp, inputs: &[TValue]) -> TractResult<TVec<TValu
         dims.to_vec()
     };
 
+    // qk_matmul_output first: it borrows the concatenated K that becomes present_key below.
+    let scores = if op.outputs[3] {
+        // The onnx reference implementation (which produced the conformance data) reports the
+        // soft-capped scores for mode 0 when softcap is set; follow it.
+        let stage = match op.qk_mode {
+            0 if params.softcap.is_some() => ScoreStage::Softcapped,
+            m => ScoreStage::from_onnx_mode(m)
+                .with_context(|| format!("qk_matmul_output_mode {m} is not 0–3"))?,
+        };
+        Some(reference::scores(&qv, &k_view, &mask, &params, stage)?)
+    } else {
+        None
+    };
     let mut results = tvec![output_tensor(y, &y_shape, dt)?];
     if op.outputs[1] {
         let (data, dims) = match k_all {
@@ -658,15 +676,7 @@ fn eval_attention(op: &AttentionOp, inputs: &[TValue]) -> TractResult<TVec<TValu
         };
         results.push(output_tensor(data, &dims, dt)?);
     }
-    if op.outputs[3] {
-        // The onnx reference implementation (which produced the conformance data) reports the
-        // soft-capped scores for mode 0 when softcap is set; follow it.
-        let stage = match op.qk_mode {
-            0 if params.softcap.is_some() => ScoreStage::Softcapped,
-            m => ScoreStage::from_onnx_mode(m)
-                .with_context(|| format!("qk_matmul_output_mode {m} is not 0–3"))?,
-        };
-        let scores = reference::scores(&qv, &k_view, &mask, &params, stage)?;
+    if let Some(scores) = scores {
         results.push(output_tensor(scores, &[batch, q_heads, q_len, total], dt)?);
     }
     Ok(results)
@@ -693,7 +703,7 @@ mod tests {
 
     #[test]
     fn concat_appends_current_after_past() {
-        let past = F32Input { data: vec![1.0, 2.0], shape: vec![1, 1, 1, 2] };
+        let past = F32Input { data: vec![1.0, 2.0].into(), shape: vec![1, 1, 1, 2] };
         let cur_data = [3.0, 4.0, 5.0, 6.0];
         let cur = View4::contiguous(&cur_data, [1, 1, 2, 2]).unwrap();
         let (d, dims) = concat_seq(&past, &cur, "past_key").unwrap();

@@ -17,7 +17,7 @@ use ndarray_npy::{NpzWriter, ReadNpyExt};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
-use tract_onnx::prelude::{DatumType, Tensor};
+use tract_onnx::prelude::{f16, DatumType, Tensor};
 
 /// A tensor with the graph input/output name it belongs to.
 #[derive(Debug, Clone)]
@@ -468,6 +468,7 @@ fn read_bounded(path: &Path, max_elements: u64) -> Result<Vec<u8>> {
 #[derive(Debug, Clone, PartialEq)]
 struct NpyHeader {
     descr: String,
+    fortran_order: bool,
     shape: Vec<usize>,
     data_offset: usize,
 }
@@ -477,7 +478,7 @@ fn parse_npy_header(bytes: &[u8]) -> Result<NpyHeader> {
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         bail!("not a .npy file (bad magic)");
     }
-    let (len, start) = match bytes[6] {
+    let (len, start): (usize, usize) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
         2 | 3 if bytes.len() >= 12 => {
             (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
@@ -508,7 +509,8 @@ fn parse_npy_header(bytes: &[u8]) -> Result<NpyHeader> {
             .map(|s| s.trim_end_matches('L').parse::<usize>().context("bad 'shape' in .npy header"))
             .collect::<Result<Vec<_>>>()?
     };
-    Ok(NpyHeader { descr, shape, data_offset: end })
+    let fortran_order = field("fortran_order")?.starts_with("True");
+    Ok(NpyHeader { descr, fortran_order, shape, data_offset: end })
 }
 
 /// numpy's name of a dtype descriptor, for messages.
@@ -575,6 +577,21 @@ fn decode_npy(bytes: &[u8], want: DatumType, max_elements: u64) -> Result<Tensor
         DatumType::U32 => read_as!(u32),
         DatumType::U64 => read_as!(u64),
         DatumType::Bool => read_as!(bool),
+        DatumType::F16 => {
+            // The npy reader has no half type: decode the little-endian bits here.
+            check_descr(&h.descr, want)?;
+            if have != expected_bytes {
+                bail!("data is {have} bytes, shape {:?} of float16 needs {expected_bytes} (truncated file?)", h.shape);
+            }
+            if h.fortran_order {
+                bail!("Fortran-ordered float16 arrays are not supported; save with C order");
+            }
+            let data: Vec<f16> = bytes[h.data_offset..]
+                .chunks_exact(2)
+                .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+                .collect();
+            Tensor::from(ArrayD::from_shape_vec(h.shape.clone(), data)?)
+        }
         other => bail!("attnrt cannot read {} inputs from .npy files", dtype_name(other)),
     })
 }
@@ -593,6 +610,7 @@ fn check_descr(descr: &str, want: DatumType) -> Result<()> {
         DatumType::U32 => code == "u4",
         DatumType::U64 => code == "u8",
         DatumType::Bool => code == "b1",
+        DatumType::F16 => code == "f2",
         _ => false,
     };
     if !ok || descr.starts_with('>') {
@@ -693,6 +711,7 @@ pub fn read_npz_tensors(path: &Path, max_elements: u64) -> Result<Vec<NamedTenso
             "u4" => DatumType::U32,
             "u8" => DatumType::U64,
             "b1" => DatumType::Bool,
+            "f2" => DatumType::F16,
             _ => bail!("{what}: array '{name}' has dtype {}, which attnrt cannot read", descr_name(&h.descr)),
         };
         let tensor = decode_npy(bytes, dt, max_elements).with_context(|| format!("{what}: array '{name}'"))?;

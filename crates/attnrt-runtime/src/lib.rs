@@ -22,7 +22,7 @@ pub use io::{
     DeclaredDim, DeclaredInput, DimBinding, InputOptions, NamedTensor, PreparedInputs,
     TensorSummary,
 };
-pub use session::{onnx_frontend, Session, Threads};
+pub use session::{onnx_frontend, panic_is_guarded, Session, Threads};
 /// tract's tensor type, used for every input and output value.
 pub use tract_onnx::prelude::{DatumType, Tensor};
 

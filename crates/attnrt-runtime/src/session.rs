@@ -1,6 +1,7 @@
 //! A tract-onnx session over an in-memory ONNX model, with attnrt's `Attention` op registered
 //! and one thread pool shared by tract's matmuls and attnrt's kernel.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -65,9 +66,26 @@ pub fn onnx_frontend() -> tract_onnx::Onnx {
     onnx
 }
 
+/// Number of [`guarded`] regions running (on any thread).
+static GUARDED: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a panic now would be caught by a guarded tract call and turned into an error. A
+/// process-wide panic hook that exits should let such panics unwind instead.
+pub fn panic_is_guarded() -> bool {
+    GUARDED.load(Ordering::SeqCst) > 0
+}
+
 /// Runs `f`, turning a panic inside tract into an error: a model file is untrusted input and
 /// tract asserts on some malformed graphs.
 fn guarded<R>(what: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    struct Depth;
+    impl Drop for Depth {
+        fn drop(&mut self) {
+            GUARDED.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    GUARDED.fetch_add(1, Ordering::SeqCst);
+    let _depth = Depth;
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(p) => {

@@ -1,6 +1,9 @@
 //! AVX2+FMA path: 8-lane vectors, tiles of 6 keys (or value columns) × 16 queries, i.e. 12 ymm
 //! accumulators + 2 operand registers + 1 broadcast (of 16).
 
+// The shared kernel passes raw tile pointers and strides; bundling them would obscure it.
+#![allow(clippy::too_many_arguments)]
+
 use std::arch::x86_64::*;
 
 type V = __m256;
@@ -8,6 +11,8 @@ const LANES: usize = 8;
 const NR: usize = 2;
 const MR: usize = 6;
 pub(crate) const BQ: usize = LANES * NR;
+/// Query blocks per task (they share each packed K/V block).
+pub(crate) const QSUB: usize = 8;
 pub(crate) const BK: usize = 96;
 
 #[target_feature(enable = "avx2,fma")]
@@ -75,10 +80,13 @@ fn vexp(x: V) -> V {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.000_000_1e-1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
     let r2 = _mm256_mul_ps(r, r);
     let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
-    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
     let res = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
     _mm256_and_ps(res, keep)
 }
@@ -89,6 +97,24 @@ fn vexp(x: V) -> V {
 fn vzero_if_neg_inf(v: V) -> V {
     let is_neg_inf = _mm256_cmp_ps::<_CMP_EQ_OQ>(v, _mm256_set1_ps(f32::NEG_INFINITY));
     _mm256_andnot_ps(is_neg_inf, v)
+}
+
+/// Prefetch hint (into all cache levels); never faults.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn vprefetch(p: *const f32) {
+    // A prefetch is a hint and never dereferences the pointer architecturally (safe intrinsic).
+    _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
+}
+
+/// The first `live` lanes gather `base[idx[lane]]`, the others are 0 (and read nothing).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn vgather(base: *const f32, idx: *const i32, live: usize) -> V {
+    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let on = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(live as i32), lane));
+    let offsets = _mm256_loadu_si256(idx as *const __m256i);
+    _mm256_mask_i32gather_ps::<4>(_mm256_setzero_ps(), base, offsets, on)
 }
 
 flash_core!(#[target_feature(enable = "avx2,fma")]);

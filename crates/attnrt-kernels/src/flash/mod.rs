@@ -1,18 +1,22 @@
 //! The flash-style kernel.
 //!
-//! Layout trick: each task owns a block of `BQ = NR·LANES` queries and keeps everything
-//! *query-major in the vector lanes*:
+//! Each task owns `QSUB` blocks of `BQ = NR·LANES` queries of one (batch, q-head); every packed
+//! K/V key block serves all of them before the next is loaded, which divides the K/V memory
+//! traffic by `QSUB`. Within a query block everything is *query-major in the vector lanes*:
 //!
 //! * `Qᵀ` block packed once per task, `[D][BQ]`, pre-multiplied by `scale`;
 //! * scores computed transposed, `Sᵀ[key][BQ] = K_block · Qᵀ` — a register-blocked GEMM whose
-//!   A operand is read straight from K's rows (broadcast loads) and whose B operand is the packed
-//!   `Qᵀ`, so K never needs packing or transposing, whatever its strides;
+//!   A operand is K's rows (broadcast loads, so K is never transposed) and whose B operand is the
+//!   packed `Qᵀ`. The key block's K and V rows are first copied densely into scratch: with the
+//!   3-D `[B, L, H·D]` layout consecutive rows are `H·D` floats apart, and broadcasts from rows
+//!   scattered over L2 ran ~25% slower than from a dense block in L1;
 //! * the online softmax is then *vertical*: the running max and sum of each query are vector
 //!   lanes, updated with element-wise max/add over key rows — no horizontal reductions;
 //! * the output accumulates transposed too, `Oᵀ[Dv][BQ] = α·Oᵀ + Vᵀ·Pᵀ`, again with broadcast
 //!   loads from V's rows; the rescale by α is folded into the accumulator load.
 //!
-//! Scratch per task: `BQ·(D + Dv + BK + 3)` floats, independent of the sequence lengths.
+//! Scratch per task: `QSUB·BQ·(D + Dv + 2) + BQ·(BK + 1) + BK·(D + Dv)` floats, independent of
+//! the sequence lengths (≈ 230 KB for AVX-512 at D = Dv = 128).
 //! Keys past the causal frontier of a block's last query are never visited.
 
 use crate::view::effective_strides;
@@ -37,6 +41,8 @@ pub(crate) struct Job {
     pub out: *mut f32,
     pub os: [isize; 4],
     pub mask: JobMask,
+    /// Every query offset `q · st[2]` of the mask fits in an `i32` (gather indices).
+    pub mask_gather_ok: bool,
     pub batch: usize,
     pub q_heads: usize,
     pub group: usize,
@@ -81,6 +87,9 @@ impl AlignedBuf {
 /// softmax state of each query lane.
 pub(crate) struct Scratch {
     pub qt: AlignedBuf,
+    /// the current key block of K and of V, rows packed densely (`BK·D`, `BK·Dv`)
+    pub kp: AlignedBuf,
+    pub vp: AlignedBuf,
     pub s: AlignedBuf,
     pub ot: AlignedBuf,
     /// running max, running sum, rescale factor of the last tile — `BQ` each
@@ -90,43 +99,33 @@ pub(crate) struct Scratch {
 }
 
 impl Scratch {
-    pub(crate) fn new(d: usize, dv: usize, bq: usize, bk: usize) -> Self {
+    pub(crate) fn new(d: usize, dv: usize, bq: usize, bk: usize, qsub: usize) -> Self {
         Scratch {
-            qt: AlignedBuf::new(d * bq),
+            qt: AlignedBuf::new(qsub * d * bq),
+            kp: AlignedBuf::new(bk * d),
+            vp: AlignedBuf::new(bk * dv),
             s: AlignedBuf::new(bk * bq),
-            ot: AlignedBuf::new(dv * bq),
-            m: AlignedBuf::new(bq),
-            l: AlignedBuf::new(bq),
+            ot: AlignedBuf::new(qsub * dv * bq),
+            m: AlignedBuf::new(qsub * bq),
+            l: AlignedBuf::new(qsub * bq),
             alpha: AlignedBuf::new(bq),
         }
     }
 }
 
-/// Bytes of scratch one task of `isa` needs (for reports and the memory budget test).
+/// Bytes of scratch one task of `isa` needs (one per pool thread); independent of the sequence
+/// lengths.
 pub fn scratch_bytes(isa: Isa, head_dim: usize, v_head_dim: usize) -> usize {
-    let (bq, bk) = match isa {
-        Isa::Avx512 => avx512_tiles(),
-        Isa::Avx2 => avx2_tiles(),
-        Isa::Scalar => (scalar::BQ, scalar::BK),
+    let (bq, bk, qsub) = match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => (avx512::BQ, avx512::BK, avx512::QSUB),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => (avx2::BQ, avx2::BK, avx2::QSUB),
+        _ => (scalar::BQ, scalar::BK, scalar::QSUB),
     };
-    (bq * (head_dim + v_head_dim + bk + 3) + 6 * 16) * std::mem::size_of::<f32>()
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx512_tiles() -> (usize, usize) {
-    (avx512::BQ, avx512::BK)
-}
-#[cfg(target_arch = "x86_64")]
-fn avx2_tiles() -> (usize, usize) {
-    (avx2::BQ, avx2::BK)
-}
-#[cfg(not(target_arch = "x86_64"))]
-fn avx512_tiles() -> (usize, usize) {
-    (scalar::BQ, scalar::BK)
-}
-#[cfg(not(target_arch = "x86_64"))]
-fn avx2_tiles() -> (usize, usize) {
-    (scalar::BQ, scalar::BK)
+    let floats =
+        qsub * bq * (head_dim + v_head_dim + 2) + bq * (bk + 1) + bk * (head_dim + v_head_dim);
+    (floats + 7 * 16) * std::mem::size_of::<f32>()
 }
 
 /// Runs a validated problem. `isa` must be available (checked by the caller).
@@ -155,8 +154,19 @@ pub(crate) fn run(
         os: effective_strides(&out.dims, &out.strides),
         mask: match mask {
             Mask::None => JobMask::None,
-            Mask::Additive(m) => JobMask::Additive(m.data.as_ptr(), effective_strides(&m.dims, &m.strides)),
-            Mask::Boolean(m) => JobMask::Boolean(m.data.as_ptr(), effective_strides(&m.dims, &m.strides)),
+            Mask::Additive(m) => {
+                JobMask::Additive(m.data.as_ptr(), effective_strides(&m.dims, &m.strides))
+            }
+            Mask::Boolean(m) => {
+                JobMask::Boolean(m.data.as_ptr(), effective_strides(&m.dims, &m.strides))
+            }
+        },
+        mask_gather_ok: match mask {
+            Mask::Additive(m) => {
+                let st = effective_strides(&m.dims, &m.strides)[2];
+                st > 0 && (p.q_len as i128) * (st as i128) <= i32::MAX as i128
+            }
+            _ => false,
         },
         batch: p.batch,
         q_heads: p.q_heads,
@@ -192,7 +202,28 @@ pub(crate) fn run(
 /// `qbase` must address rows `i0..i0+nq` × `d` elements with the given strides; `qt` holds `d·bq`.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn pack_qt(qbase: *const f32, row_stride: isize, col_stride: isize, scale: f32, i0: usize, nq: usize, d: usize, bq: usize, qt: *mut f32) {
+pub(crate) unsafe fn pack_qt(
+    qbase: *const f32,
+    row_stride: isize,
+    col_stride: isize,
+    scale: f32,
+    i0: usize,
+    nq: usize,
+    d: usize,
+    bq: usize,
+    qt: *mut f32,
+) {
+    // Rows `H·D` floats apart (3-D layout) are fetched one miss at a time otherwise.
+    #[cfg(target_arch = "x86_64")]
+    if col_stride == 1 {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        for q in 0..nq {
+            let row = qbase.offset((i0 + q) as isize * row_stride);
+            for e in (0..d).step_by(16) {
+                _mm_prefetch::<_MM_HINT_T0>(row.add(e) as *const i8);
+            }
+        }
+    }
     for q in 0..bq {
         if q < nq {
             let row = qbase.offset((i0 + q) as isize * row_stride);
@@ -214,7 +245,17 @@ pub(crate) unsafe fn pack_qt(qbase: *const f32, row_stride: isize, col_stride: i
 /// `obase` must address rows `i0..i0+nq` × `dv` elements with the given strides.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn unpack_ot(ot: *const f32, l: *const f32, obase: *mut f32, row_stride: isize, col_stride: isize, i0: usize, nq: usize, dv: usize, bq: usize) {
+pub(crate) unsafe fn unpack_ot(
+    ot: *const f32,
+    l: *const f32,
+    obase: *mut f32,
+    row_stride: isize,
+    col_stride: isize,
+    i0: usize,
+    nq: usize,
+    dv: usize,
+    bq: usize,
+) {
     for q in 0..nq {
         let sum = *l.add(q);
         // `sum == 0` only when every key of the row was masked; NaN propagates.
@@ -227,76 +268,69 @@ pub(crate) unsafe fn unpack_ot(ot: *const f32, l: *const f32, obase: *mut f32, r
 }
 
 /// The ISA-independent part of the kernel, expanded inside each ISA module. The module provides
-/// `V`, `LANES`, `NR`, `MR`, `BK`, `BQ` and the vector primitives `vzero vsplat vload vstore vfma
-/// vmul vadd vsub vmax vexp vzero_if_neg_inf`; `$attr` is its `#[target_feature]` (empty for the scalar path), put
-/// on every function so that the whole kernel is compiled for — and inlined within — that ISA.
+/// `V`, `LANES`, `NR`, `MR`, `BK`, `BQ`, `QSUB` and the vector primitives `vzero vsplat vload
+/// vstore vfma vmul vadd vsub vmax vexp vzero_if_neg_inf vprefetch vgather`; `$attr` is its
+/// `#[target_feature]` (empty for the scalar path), put on every function so that the whole
+/// kernel is compiled for — and inlined within — that ISA.
+/// The tile functions take the number of live query vectors `N` (1 or `NR`) as a const generic.
 macro_rules! flash_core {
     ($(#[$attr:meta])*) => {
         use rayon::prelude::*;
         use $crate::flash::{Job, JobMask, Scratch};
 
+        // The remainder dispatch below covers tiles of 1..=7 rows.
+        const _: () = assert!(MR >= 1 && MR <= 8 && NR >= 1 && QSUB >= 1 && BK >= 1);
+
         /// `Sᵀ[m][·] = Σ_d K[row m][d] · Qᵀ[d][·]` for `M` consecutive keys.
         $(#[$attr])*
         #[inline]
-        unsafe fn qk_tile<const M: usize>(k0: *const f32, ks: isize, kd: isize, d: usize, qt: *const f32, s: *mut f32) {
-            let mut acc = [[vzero(); NR]; M];
+        unsafe fn qk_tile<const M: usize, const N: usize>(k0: *const f32, ks: isize, kd: isize, d: usize, qt: *const f32, s: *mut f32) {
+            let mut acc = [[vzero(); N]; M];
             let mut rows = [k0; M];
             for m in 1..M {
                 rows[m] = k0.offset(m as isize * ks);
             }
             for dd in 0..d {
                 let qrow = qt.add(dd * BQ);
-                let mut qv = [vzero(); NR];
-                for n in 0..NR {
+                let mut qv = [vzero(); N];
+                for n in 0..N {
                     qv[n] = vload(qrow.add(n * LANES));
                 }
                 let off = dd as isize * kd;
                 for m in 0..M {
                     let kb = vsplat(*rows[m].offset(off));
-                    for n in 0..NR {
+                    for n in 0..N {
                         acc[m][n] = vfma(kb, qv[n], acc[m][n]);
                     }
                 }
             }
             for m in 0..M {
-                for n in 0..NR {
+                for n in 0..N {
                     vstore(s.add(m * BQ + n * LANES), acc[m][n]);
                 }
             }
         }
 
-        /// Scores of `nk` keys starting at `k0` against the packed query block.
+        /// Scores of `nk` keys (rows from `k0`, strides `ks`/`kd`) against the packed query block.
         $(#[$attr])*
         #[inline]
-        unsafe fn qk_block(k0: *const f32, ks: isize, kd: isize, d: usize, nk: usize, qt: *const f32, s: *mut f32) {
-            // Rows with unit element stride (every dense or 3-D layout) get their own copy with
-            // the stride a constant, which frees the inner loop from index multiplications.
-            if kd == 1 {
-                qk_block_strided(k0, ks, 1, d, nk, qt, s)
-            } else {
-                qk_block_strided(k0, ks, kd, d, nk, qt, s)
-            }
-        }
-
-        $(#[$attr])*
-        #[inline]
-        unsafe fn qk_block_strided(k0: *const f32, ks: isize, kd: isize, d: usize, nk: usize, qt: *const f32, s: *mut f32) {
+        unsafe fn qk_block<const N: usize>(k0: *const f32, ks: isize, kd: isize, d: usize, nk: usize, qt: *const f32, s: *mut f32) {
             let mut j = 0;
             while j + MR <= nk {
-                qk_tile::<MR>(k0.offset(j as isize * ks), ks, kd, d, qt, s.add(j * BQ));
+                qk_tile::<MR, N>(k0.offset(j as isize * ks), ks, kd, d, qt, s.add(j * BQ));
                 j += MR;
             }
             let k1 = k0.offset(j as isize * ks);
             let s1 = s.add(j * BQ);
             match nk - j {
                 0 => {}
-                1 => qk_tile::<1>(k1, ks, kd, d, qt, s1),
-                2 => qk_tile::<2>(k1, ks, kd, d, qt, s1),
-                3 => qk_tile::<3>(k1, ks, kd, d, qt, s1),
-                4 => qk_tile::<4>(k1, ks, kd, d, qt, s1),
-                5 => qk_tile::<5>(k1, ks, kd, d, qt, s1),
-                6 => qk_tile::<6>(k1, ks, kd, d, qt, s1),
-                7 => qk_tile::<7>(k1, ks, kd, d, qt, s1),
+                1 => qk_tile::<1, N>(k1, ks, kd, d, qt, s1),
+                2 => qk_tile::<2, N>(k1, ks, kd, d, qt, s1),
+                3 => qk_tile::<3, N>(k1, ks, kd, d, qt, s1),
+                4 => qk_tile::<4, N>(k1, ks, kd, d, qt, s1),
+                5 => qk_tile::<5, N>(k1, ks, kd, d, qt, s1),
+                6 => qk_tile::<6, N>(k1, ks, kd, d, qt, s1),
+                7 => qk_tile::<7, N>(k1, ks, kd, d, qt, s1),
                 _ => unreachable!("MR is at most 8"),
             }
         }
@@ -304,14 +338,14 @@ macro_rules! flash_core {
         /// `Oᵀ[m][·] = α·Oᵀ[m][·] + Σ_j V[j][m] · Pᵀ[j][·]` for `M` consecutive value columns.
         $(#[$attr])*
         #[inline]
-        unsafe fn pv_tile<const M: usize>(v0: *const f32, vs: isize, vd: isize, nk: usize, p: *const f32, ot: *mut f32, alpha: *const f32) {
-            let mut al = [vzero(); NR];
-            for n in 0..NR {
+        unsafe fn pv_tile<const M: usize, const N: usize>(v0: *const f32, vs: isize, vd: isize, nk: usize, p: *const f32, ot: *mut f32, alpha: *const f32) {
+            let mut al = [vzero(); N];
+            for n in 0..N {
                 al[n] = vload(alpha.add(n * LANES));
             }
-            let mut acc = [[vzero(); NR]; M];
+            let mut acc = [[vzero(); N]; M];
             for m in 0..M {
-                for n in 0..NR {
+                for n in 0..N {
                     acc[m][n] = vmul(vload(ot.add(m * BQ + n * LANES)), al[n]);
                 }
             }
@@ -321,55 +355,46 @@ macro_rules! flash_core {
             }
             for j in 0..nk {
                 let prow = p.add(j * BQ);
-                let mut pv = [vzero(); NR];
-                for n in 0..NR {
+                let mut pv = [vzero(); N];
+                for n in 0..N {
                     pv[n] = vload(prow.add(n * LANES));
                 }
                 let off = j as isize * vs;
                 for m in 0..M {
                     let vb = vsplat(*cols[m].offset(off));
-                    for n in 0..NR {
+                    for n in 0..N {
                         acc[m][n] = vfma(vb, pv[n], acc[m][n]);
                     }
                 }
             }
             for m in 0..M {
-                for n in 0..NR {
+                for n in 0..N {
                     vstore(ot.add(m * BQ + n * LANES), acc[m][n]);
                 }
             }
         }
 
-        /// Accumulates `nk` keys' values (starting at `v0`) weighted by the probabilities in `p`.
+        /// Accumulates `nk` keys' values (rows from `v0`, strides `vs`/`vd`) weighted by the
+        /// probabilities in `p`, after rescaling the accumulator by `alpha`.
         $(#[$attr])*
         #[inline]
-        unsafe fn pv_block(v0: *const f32, vs: isize, vd: isize, dv: usize, nk: usize, p: *const f32, ot: *mut f32, alpha: *const f32) {
-            if vd == 1 {
-                pv_block_strided(v0, vs, 1, dv, nk, p, ot, alpha)
-            } else {
-                pv_block_strided(v0, vs, vd, dv, nk, p, ot, alpha)
-            }
-        }
-
-        $(#[$attr])*
-        #[inline]
-        unsafe fn pv_block_strided(v0: *const f32, vs: isize, vd: isize, dv: usize, nk: usize, p: *const f32, ot: *mut f32, alpha: *const f32) {
+        unsafe fn pv_block<const N: usize>(v0: *const f32, vs: isize, vd: isize, dv: usize, nk: usize, p: *const f32, ot: *mut f32, alpha: *const f32) {
             let mut c = 0;
             while c + MR <= dv {
-                pv_tile::<MR>(v0.offset(c as isize * vd), vs, vd, nk, p, ot.add(c * BQ), alpha);
+                pv_tile::<MR, N>(v0.offset(c as isize * vd), vs, vd, nk, p, ot.add(c * BQ), alpha);
                 c += MR;
             }
             let v1 = v0.offset(c as isize * vd);
             let o1 = ot.add(c * BQ);
             match dv - c {
                 0 => {}
-                1 => pv_tile::<1>(v1, vs, vd, nk, p, o1, alpha),
-                2 => pv_tile::<2>(v1, vs, vd, nk, p, o1, alpha),
-                3 => pv_tile::<3>(v1, vs, vd, nk, p, o1, alpha),
-                4 => pv_tile::<4>(v1, vs, vd, nk, p, o1, alpha),
-                5 => pv_tile::<5>(v1, vs, vd, nk, p, o1, alpha),
-                6 => pv_tile::<6>(v1, vs, vd, nk, p, o1, alpha),
-                7 => pv_tile::<7>(v1, vs, vd, nk, p, o1, alpha),
+                1 => pv_tile::<1, N>(v1, vs, vd, nk, p, o1, alpha),
+                2 => pv_tile::<2, N>(v1, vs, vd, nk, p, o1, alpha),
+                3 => pv_tile::<3, N>(v1, vs, vd, nk, p, o1, alpha),
+                4 => pv_tile::<4, N>(v1, vs, vd, nk, p, o1, alpha),
+                5 => pv_tile::<5, N>(v1, vs, vd, nk, p, o1, alpha),
+                6 => pv_tile::<6, N>(v1, vs, vd, nk, p, o1, alpha),
+                7 => pv_tile::<7, N>(v1, vs, vd, nk, p, o1, alpha),
                 _ => unreachable!("MR is at most 8"),
             }
         }
@@ -380,44 +405,42 @@ macro_rules! flash_core {
         /// as its reference so that no `−inf − (−inf)` NaN appears; its probabilities are 0.
         $(#[$attr])*
         #[inline]
-        unsafe fn softmax_block(s: *mut f32, nk: usize, sc: &mut Scratch) {
-            let m = sc.m.ptr();
-            let l = sc.l.ptr();
-            let alpha = sc.alpha.ptr();
-            let mut mx = [vzero(); NR];
-            for n in 0..NR {
+        unsafe fn softmax_block<const N: usize>(s: *mut f32, nk: usize, m: *mut f32, l: *mut f32, alpha: *mut f32) {
+            let mut mx = [vzero(); N];
+            for n in 0..N {
                 mx[n] = vload(m.add(n * LANES));
             }
             for j in 0..nk {
-                for n in 0..NR {
+                for n in 0..N {
                     mx[n] = vmax(mx[n], vload(s.add(j * BQ + n * LANES)));
                 }
             }
-            let mut ms = [vzero(); NR];
-            for n in 0..NR {
+            let mut ms = [vzero(); N];
+            for n in 0..N {
                 ms[n] = vzero_if_neg_inf(mx[n]);
                 let old = vload(m.add(n * LANES));
                 vstore(alpha.add(n * LANES), vexp(vsub(old, ms[n])));
                 vstore(m.add(n * LANES), mx[n]);
             }
-            let mut sum = [vzero(); NR];
+            let mut sum = [vzero(); N];
             for j in 0..nk {
-                for n in 0..NR {
+                for n in 0..N {
                     let ptr = s.add(j * BQ + n * LANES);
                     let e = vexp(vsub(vload(ptr), ms[n]));
                     vstore(ptr, e);
                     sum[n] = vadd(sum[n], e);
                 }
             }
-            for n in 0..NR {
+            for n in 0..N {
                 let lp = l.add(n * LANES);
                 vstore(lp, vfma(vload(lp), vload(alpha.add(n * LANES)), sum[n]));
             }
         }
 
-        /// Soft-cap, mask and causal rule on one score tile (only the `nq` live query lanes).
+        /// Soft-cap, mask and causal rule on one score tile (`nq` live query lanes in `N` vectors).
+        $(#[$attr])*
         #[inline]
-        unsafe fn bias_block(job: &Job, b: usize, h: usize, i0: usize, nq: usize, j0: usize, nk: usize, s: *mut f32) {
+        unsafe fn bias_block<const N: usize>(job: &Job, b: usize, h: usize, i0: usize, nq: usize, j0: usize, nk: usize, s: *mut f32) {
             if let Some(c) = job.softcap {
                 for j in 0..nk {
                     for q in 0..nq {
@@ -428,6 +451,54 @@ macro_rules! flash_core {
             }
             match job.mask {
                 JobMask::None => {}
+                JobMask::Additive(ptr, st) if st[2] == 0 => {
+                    // One value per key for all queries (e.g. a `[B, 1, 1, Lk]` padding mask):
+                    // a vector add per key row. Dead lanes get it too, harmlessly.
+                    let base = ptr.offset(b as isize * st[0] + h as isize * st[1]);
+                    for j in 0..nk {
+                        let mv = vsplat(*base.offset((j0 + j) as isize * st[3]));
+                        for n in 0..N {
+                            let x = s.add(j * BQ + n * LANES);
+                            vstore(x, vadd(vload(x), mv));
+                        }
+                    }
+                }
+                JobMask::Boolean(ptr, st) if st[2] == 0 => {
+                    let base = ptr.offset(b as isize * st[0] + h as isize * st[1]);
+                    let neg_inf = vsplat(f32::NEG_INFINITY);
+                    for j in 0..nk {
+                        if !*base.offset((j0 + j) as isize * st[3]) {
+                            for n in 0..N {
+                                vstore(s.add(j * BQ + n * LANES), neg_inf);
+                            }
+                        }
+                    }
+                }
+                JobMask::Additive(ptr, st) if job.mask_gather_ok => {
+                    // A mask that varies along queries (e.g. `[B, 1, Lq, Lk]`): its values for
+                    // one key are `st[2]` apart, so each score vector gathers its 16/8 values.
+                    let base = ptr.offset(b as isize * st[0] + h as isize * st[1]);
+                    let mut idx = [[0i32; LANES]; N];
+                    for n in 0..N {
+                        for lane in 0..LANES {
+                            let q = n * LANES + lane;
+                            if q < nq {
+                                // Fits: `mask_gather_ok` bounds q_len · st[2] by i32::MAX.
+                                idx[n][lane] = ((i0 + q) as isize * st[2]) as i32;
+                            }
+                        }
+                    }
+                    for j in 0..nk {
+                        let col = base.offset((j0 + j) as isize * st[3]);
+                        for n in 0..N {
+                            let live = nq.saturating_sub(n * LANES).min(LANES);
+                            if live > 0 {
+                                let x = s.add(j * BQ + n * LANES);
+                                vstore(x, vadd(vload(x), vgather(col, idx[n].as_ptr(), live)));
+                            }
+                        }
+                    }
+                }
                 JobMask::Additive(ptr, st) => {
                     let base = ptr.offset(b as isize * st[0] + h as isize * st[1]);
                     for j in 0..nk {
@@ -466,57 +537,148 @@ macro_rules! flash_core {
             }
         }
 
-        /// One task: query block `qb` of q-head `h` of batch `b`.
+        /// Copies `nk` rows of `n` elements (strides `rs`, `cs`) densely into `dst`. Inline
+        /// vector copies: a `memcpy` call per 256-byte row cost more than the copy itself.
+        $(#[$attr])*
+        #[inline]
+        unsafe fn pack_rows(src: *const f32, rs: isize, cs: isize, nk: usize, n: usize, dst: *mut f32) {
+            for j in 0..nk {
+                let row = src.offset(j as isize * rs);
+                let out = dst.add(j * n);
+                if cs == 1 {
+                    let mut e = 0;
+                    while e + LANES <= n {
+                        vstore(out.add(e), vload(row.add(e)));
+                        e += LANES;
+                    }
+                    while e < n {
+                        *out.add(e) = *row.add(e);
+                        e += 1;
+                    }
+                } else {
+                    for e in 0..n {
+                        *out.add(e) = *row.offset(e as isize * cs);
+                    }
+                }
+            }
+        }
+
+        /// Asks for the cache lines of `nk` rows of `n` elements (row stride `rs`, unit element
+        /// stride) ahead of their use: rows `H·D` floats apart defeat the hardware prefetcher.
+        $(#[$attr])*
+        #[inline]
+        unsafe fn prefetch_rows(src: *const f32, rs: isize, nk: usize, n: usize) {
+            for j in 0..nk {
+                let row = src.offset(j as isize * rs);
+                let mut e = 0;
+                while e < n {
+                    vprefetch(row.add(e));
+                    e += 16;
+                }
+                vprefetch(row.add(n - 1));
+            }
+        }
+
+        /// One task: `QSUB` consecutive query blocks (`QSUB·BQ` queries) of q-head `h` of batch
+        /// `b`. Each packed key block is used by all of them before moving on, which divides the
+        /// K/V traffic (the kernel's memory cost) by `QSUB`.
         $(#[$attr])*
         unsafe fn run_task(job: &Job, task: usize, sc: &mut Scratch) {
-            let nqb = job.q_len.div_ceil(BQ);
-            let qb = task % nqb;
-            let bh = task / nqb;
+            let span = BQ * QSUB;
+            let ntq = job.q_len.div_ceil(span);
+            let tq = task % ntq;
+            let bh = task / ntq;
             let h = bh % job.q_heads;
             let b = bh / job.q_heads;
             let hk = h / job.group;
-            let i0 = qb * BQ;
-            let nq = BQ.min(job.q_len - i0);
+            let t0 = tq * span;
+            let nsub = (job.q_len - t0).min(span).div_ceil(BQ);
             let (d, dv) = (job.d, job.dv);
-            let qt = sc.qt.ptr();
             let s = sc.s.ptr();
-            let ot = sc.ot.ptr();
 
-            // Pack Qᵀ (scaled); dead lanes are zero so they stay finite and harmless.
+            // Per sub-block: packed Qᵀ (scaled; dead lanes zero so they stay finite and harmless),
+            // running max/sum, output accumulator, and the last key each one can see.
             let qbase = job.q.offset(b as isize * job.qs[0] + h as isize * job.qs[1]);
-            $crate::flash::pack_qt(qbase, job.qs[2], job.qs[3], job.scale, i0, nq, d, BQ, qt);
-            for q in 0..BQ {
-                *sc.m.ptr().add(q) = f32::NEG_INFINITY;
-                *sc.l.ptr().add(q) = 0.0;
+            let mut sub_kend = [0usize; QSUB];
+            for sub in 0..nsub {
+                let i0 = t0 + sub * BQ;
+                let nq = BQ.min(job.q_len - i0);
+                $crate::flash::pack_qt(qbase, job.qs[2], job.qs[3], job.scale, i0, nq, d, BQ, sc.qt.ptr().add(sub * d * BQ));
+                for q in 0..BQ {
+                    *sc.m.ptr().add(sub * BQ + q) = f32::NEG_INFINITY;
+                    *sc.l.ptr().add(sub * BQ + q) = 0.0;
+                }
+                for x in 0..dv * BQ {
+                    *sc.ot.ptr().add(sub * dv * BQ + x) = 0.0;
+                }
+                // Keys past the causal frontier of the sub-block's last query are masked for all
+                // of its queries: never visited.
+                sub_kend[sub] = job.live_keys;
+                if let Some(off) = job.causal {
+                    let limit = ((i0 + nq - 1) as isize).saturating_add(off).saturating_add(1);
+                    sub_kend[sub] = if limit <= 0 { 0 } else { job.live_keys.min(limit as usize) };
+                }
             }
-            for x in 0..dv * BQ {
-                *ot.add(x) = 0.0;
-            }
+            let kend = sub_kend[..nsub].iter().copied().max().unwrap_or(0);
 
-            // Keys beyond the causal frontier of the block's last query are never needed.
-            let mut kend = job.live_keys;
-            if let Some(off) = job.causal {
-                let limit = ((i0 + nq - 1) as isize).saturating_add(off).saturating_add(1);
-                kend = if limit <= 0 { 0 } else { kend.min(limit as usize) };
-            }
             let kbase = job.k.offset(b as isize * job.ks[0] + hk as isize * job.ks[1]);
             let vbase = job.v.offset(b as isize * job.vs[0] + hk as isize * job.vs[1]);
             let needs_bias = job.softcap.is_some() || !matches!(job.mask, JobMask::None) || job.causal.is_some();
+            let (kp, vp) = (sc.kp.ptr(), sc.vp.ptr());
             let mut j0 = 0;
             while j0 < kend {
                 let nk = BK.min(kend - j0);
-                qk_block(kbase.offset(j0 as isize * job.ks[2]), job.ks[2], job.ks[3], d, nk, qt, s);
-                if needs_bias {
-                    bias_block(job, b, h, i0, nq, j0, nk, s);
+                pack_rows(kbase.offset(j0 as isize * job.ks[2]), job.ks[2], job.ks[3], nk, d, kp);
+                pack_rows(vbase.offset(j0 as isize * job.vs[2]), job.vs[2], job.vs[3], nk, dv, vp);
+                // Fetch the next key block while this one is being used by all sub-blocks.
+                let next = j0 + nk;
+                if next < kend {
+                    let nk2 = BK.min(kend - next);
+                    if job.ks[3] == 1 && d > 0 {
+                        prefetch_rows(kbase.offset(next as isize * job.ks[2]), job.ks[2], nk2, d);
+                    }
+                    if job.vs[3] == 1 && dv > 0 {
+                        prefetch_rows(vbase.offset(next as isize * job.vs[2]), job.vs[2], nk2, dv);
+                    }
                 }
-                softmax_block(s, nk, sc);
-                pv_block(vbase.offset(j0 as isize * job.vs[2]), job.vs[2], job.vs[3], dv, nk, s, ot, sc.alpha.ptr());
+                for sub in 0..nsub {
+                    if j0 >= sub_kend[sub] {
+                        continue;
+                    }
+                    let nk_sub = nk.min(sub_kend[sub] - j0);
+                    let i0 = t0 + sub * BQ;
+                    let nq = BQ.min(job.q_len - i0);
+                    let (m, l, ot) = (sc.m.ptr().add(sub * BQ), sc.l.ptr().add(sub * BQ), sc.ot.ptr().add(sub * dv * BQ));
+                    let qt = sc.qt.ptr().add(sub * d * BQ);
+                    let alpha = sc.alpha.ptr();
+                    // A block with at most LANES live queries (decoding, short tails) computes one
+                    // vector column instead of NR.
+                    if nq <= LANES {
+                        qk_block::<1>(kp, d as isize, 1, d, nk_sub, qt, s);
+                        if needs_bias {
+                            bias_block::<1>(job, b, h, i0, nq, j0, nk_sub, s);
+                        }
+                        softmax_block::<1>(s, nk_sub, m, l, alpha);
+                        pv_block::<1>(vp, dv as isize, 1, dv, nk_sub, s, ot, alpha);
+                    } else {
+                        qk_block::<NR>(kp, d as isize, 1, d, nk_sub, qt, s);
+                        if needs_bias {
+                            bias_block::<NR>(job, b, h, i0, nq, j0, nk_sub, s);
+                        }
+                        softmax_block::<NR>(s, nk_sub, m, l, alpha);
+                        pv_block::<NR>(vp, dv as isize, 1, dv, nk_sub, s, ot, alpha);
+                    }
+                }
                 j0 += nk;
             }
 
             // Normalize and scatter Oᵀ into the caller's layout. l == 0: every key masked → 0.
             let obase = job.out.offset(b as isize * job.os[0] + h as isize * job.os[1]);
-            $crate::flash::unpack_ot(ot, sc.l.ptr(), obase, job.os[2], job.os[3], i0, nq, dv, BQ);
+            for sub in 0..nsub {
+                let i0 = t0 + sub * BQ;
+                let nq = BQ.min(job.q_len - i0);
+                $crate::flash::unpack_ot(sc.ot.ptr().add(sub * dv * BQ), sc.l.ptr().add(sub * BQ), obase, job.os[2], job.os[3], i0, nq, dv, BQ);
+            }
         }
 
         /// Runs every task of `job` on the current rayon pool.
@@ -525,12 +687,37 @@ macro_rules! flash_core {
         /// The CPU must support this module's target features, and `job` must come from views
         /// validated by `Problem::check`.
         pub(crate) unsafe fn run(job: &Job) {
-            let tasks = job.batch * job.q_heads * job.q_len.div_ceil(BQ);
-            (0..tasks).into_par_iter().for_each_init(
-                || Scratch::new(job.d, job.dv, BQ, BK),
-                // SAFETY: forwarded from this function's contract.
-                |sc, t| unsafe { run_task(job, t, sc) },
-            );
+            thread_local! {
+                /// This thread's scratch for the last `(D, Dv)` it ran, kept across calls: a
+                /// model runs many attention calls, and fresh 0.2–0.4 MB buffers per call cost
+                /// page faults that matter at short sequence lengths.
+                static SCRATCH: std::cell::RefCell<Option<((usize, usize), Scratch)>> =
+                    const { std::cell::RefCell::new(None) };
+            }
+            let tasks = job.batch * job.q_heads * job.q_len.div_ceil(BQ * QSUB);
+            (0..tasks).into_par_iter().for_each(|t| {
+                SCRATCH.with(|cell| {
+                    let key = (job.d, job.dv);
+                    // `run_task` never re-enters rayon, so the borrow cannot be nested; should
+                    // that ever change, a private scratch keeps it correct instead of panicking.
+                    match cell.try_borrow_mut() {
+                        Ok(mut slot) => {
+                            if slot.as_ref().map(|(k, _)| *k) != Some(key) {
+                                *slot = Some((key, Scratch::new(job.d, job.dv, BQ, BK, QSUB)));
+                            }
+                            if let Some((_, sc)) = slot.as_mut() {
+                                // SAFETY: forwarded from this function's contract.
+                                unsafe { run_task(job, t, sc) }
+                            }
+                        }
+                        Err(_) => {
+                            let mut sc = Scratch::new(job.d, job.dv, BQ, BK, QSUB);
+                            // SAFETY: forwarded from this function's contract.
+                            unsafe { run_task(job, t, &mut sc) }
+                        }
+                    }
+                })
+            });
         }
     };
 }

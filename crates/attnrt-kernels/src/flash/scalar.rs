@@ -1,11 +1,16 @@
 //! Portable path: "vectors" are 8-float arrays the compiler may auto-vectorize with the baseline
 //! ISA; tiles of 4 keys (or value columns) × 16 queries.
 
+// The shared kernel passes raw tile pointers and strides; bundling them would obscure it.
+#![allow(clippy::too_many_arguments)]
+
 type V = [f32; LANES];
 const LANES: usize = 8;
 const NR: usize = 2;
 const MR: usize = 4;
 pub(crate) const BQ: usize = LANES * NR;
+/// Query blocks per task (they share each packed K/V block).
+pub(crate) const QSUB: usize = 4;
 pub(crate) const BK: usize = 64;
 
 #[inline]
@@ -66,6 +71,20 @@ fn vexp(x: V) -> V {
 #[inline]
 fn vzero_if_neg_inf(v: V) -> V {
     v.map(|x| if x == f32::NEG_INFINITY { 0.0 } else { x })
+}
+
+/// No prefetch hint on the portable path.
+#[inline]
+fn vprefetch(_p: *const f32) {}
+
+/// The first `live` lanes gather `base[idx[lane]]`, the others are 0.
+#[inline]
+unsafe fn vgather(base: *const f32, idx: *const i32, live: usize) -> V {
+    let mut r = [0.0; LANES];
+    for (lane, x) in r.iter_mut().enumerate().take(live) {
+        *x = *base.offset(*idx.add(lane) as isize);
+    }
+    r
 }
 
 flash_core!();

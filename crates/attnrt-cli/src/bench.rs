@@ -1,0 +1,102 @@
+//! `attnrt bench`: fused vs unfused timing.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use attnrt_fusion::FusionOptions;
+use attnrt_runtime::{time_session, Session};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use crate::common::{dims_line, load, threads, InputArgs, LimitArgs};
+
+/// Arguments of `attnrt bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// The ONNX model.
+    pub model: PathBuf,
+    /// Untimed runs before timing, per path.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub warmup: usize,
+    /// Timed runs per path.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub reps: usize,
+    /// Threads for tract's matmuls and attnrt's kernel (default: all cores).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Fuse only blocks whose fused form is exact on every input (no caveats).
+    #[arg(long)]
+    pub strict: bool,
+    #[command(flatten)]
+    pub input: InputArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Runs the command.
+pub fn bench(args: BenchArgs) -> Result<()> {
+    if args.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    let limits = args.limits.limits();
+    let loaded = load(&args.model, &limits)?;
+    let name = args.model.display().to_string();
+    let prepared = args.input.prepare(&loaded, &limits)?;
+    let threads = threads(args.threads)?;
+    let fused = attnrt_fusion::fuse(&loaded.model, &FusionOptions { strict: args.strict })
+        .with_context(|| format!("{name}: fusion failed"))?;
+    let blocks = fused.report.blocks.len();
+
+    let fused_session = Session::build(&fused.model, &prepared.tensors, &threads, &format!("fused {name}"))?;
+    let unfused_session = Session::build(&loaded.model, &prepared.tensors, &threads, &name)?;
+
+    let total = 2 * (args.warmup + args.reps) as u64;
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>8} [{bar:40}] {pos}/{len} runs ({elapsed})")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message("fused");
+    let fused_t = time_session(&fused_session, &prepared.tensors, args.warmup, args.reps, || bar.inc(1))?;
+    bar.set_message("unfused");
+    let unfused_t = time_session(&unfused_session, &prepared.tensors, args.warmup, args.reps, || bar.inc(1))?;
+    bar.finish_and_clear();
+
+    let speedup = unfused_t.median_ms / fused_t.median_ms;
+    if args.json {
+        let v = json!({
+            "model": name,
+            "threads": threads.count(),
+            "dims": prepared.dims,
+            "blocks_fused": blocks,
+            "warmup": args.warmup,
+            "reps": args.reps,
+            "fused": fused_t,
+            "unfused": unfused_t,
+            "speedup": speedup,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("model: {name}");
+    println!("dims: {}", dims_line(&prepared));
+    println!("threads: {}", threads.count());
+    if blocks == 0 {
+        println!("fusion: found no attention block; both paths run the same graph");
+    } else {
+        println!("fusion: {blocks} attention block(s) fused");
+    }
+    for (label, t) in [("fused", &fused_t), ("unfused", &unfused_t)] {
+        println!(
+            "{label:>8}: median {:.3} ms  (min {:.3}, max {:.3}, mad {:.3}; {} reps after {} warm-up)",
+            t.median_ms, t.min_ms, t.max_ms, t.mad_ms, t.reps, args.warmup
+        );
+    }
+    println!("speedup (unfused/fused median): {speedup:.2}x");
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! Flags shared by several commands: limits, inputs, threads.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use attnrt_onnx::{Limits, LoadedModel};
+use attnrt_runtime::{InputOptions, PreparedInputs};
+use clap::Args;
+
+/// Limits on what a model may make attnrt do (issue: hostile models).
+#[derive(Args, Debug, Clone)]
+pub struct LimitArgs {
+    /// Largest model file accepted, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_model_bytes)]
+    pub max_model_bytes: u64,
+    /// Largest number of elements of one tensor (initializers, inputs).
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_tensor_elements)]
+    pub max_tensor_elements: u64,
+    /// Largest number of graph nodes (subgraphs included).
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_nodes)]
+    pub max_nodes: usize,
+}
+
+impl LimitArgs {
+    /// The limits for attnrt-onnx.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_model_bytes: self.max_model_bytes,
+            max_tensor_elements: self.max_tensor_elements,
+            max_nodes: self.max_nodes,
+            ..Limits::default()
+        }
+    }
+}
+
+/// Where input values come from.
+#[derive(Args, Debug, Clone)]
+pub struct InputArgs {
+    /// An input from a .npy file (repeatable).
+    #[arg(long = "input", value_name = "NAME=FILE.npy", value_parser = parse_input)]
+    pub inputs: Vec<(String, PathBuf)>,
+    /// Inputs from one .npz file, by name (--input overrides single entries).
+    #[arg(long, value_name = "FILE.npz")]
+    pub input_npz: Option<PathBuf>,
+    /// Seed of the random inputs used when no input file is given.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u64,
+    /// Binds a symbolic dimension (repeatable); unbound ones default to 1 (batch-like) or 16.
+    #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
+    pub dims: Vec<(String, usize)>,
+    /// Random integer inputs are drawn from [0, N) (default: the smallest embedding table the
+    /// input indexes, else 2). Inputs whose name contains "mask" get ones.
+    #[arg(long, value_name = "N")]
+    pub vocab: Option<u64>,
+}
+
+fn parse_input(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((n, f)) if !n.is_empty() && !f.is_empty() => Ok((n.to_string(), PathBuf::from(f))),
+        _ => Err(format!("expected NAME=FILE.npy, got '{s}'")),
+    }
+}
+
+fn parse_dim(s: &str) -> Result<(String, usize), String> {
+    let (n, v) = s.split_once('=').ok_or_else(|| format!("expected NAME=VALUE, got '{s}'"))?;
+    if n.is_empty() {
+        return Err(format!("expected NAME=VALUE, got '{s}'"));
+    }
+    let v: usize = v.parse().map_err(|_| format!("'{v}' is not a non-negative integer"))?;
+    Ok((n.to_string(), v))
+}
+
+impl InputArgs {
+    /// Builds the inputs of `model`.
+    pub fn prepare(&self, loaded: &LoadedModel, limits: &Limits) -> Result<PreparedInputs> {
+        let mut dims = BTreeMap::new();
+        for (n, v) in &self.dims {
+            if dims.insert(n.clone(), *v).is_some_and(|old| old != *v) {
+                bail!("--dim {n} given twice with different values");
+            }
+        }
+        if self.vocab == Some(0) {
+            bail!("--vocab must be at least 1");
+        }
+        let options = InputOptions {
+            npy: self.inputs.clone(),
+            npz: self.input_npz.clone(),
+            seed: self.seed,
+            dims,
+            vocab: self.vocab,
+            max_elements: limits.max_tensor_elements,
+        };
+        attnrt_runtime::prepare_inputs(&loaded.model, &options)
+            .with_context(|| format!("preparing the inputs of {}", loaded.path.display()))
+    }
+}
+
+/// Loads a model (external data inlined), with the path in every error.
+pub fn load(path: &std::path::Path, limits: &Limits) -> Result<LoadedModel> {
+    attnrt_onnx::load_model(path, limits)
+}
+
+/// `--threads`: `None` = all cores.
+pub fn threads(n: Option<usize>) -> Result<attnrt_runtime::Threads> {
+    attnrt_runtime::Threads::new(n)
+}
+
+/// A one-line description of the dims bindings (`batch=1 (default), sequence=16 (--dim)`).
+pub fn dims_line(p: &PreparedInputs) -> String {
+    if p.dims.is_empty() {
+        return "none".to_string();
+    }
+    p.dims
+        .iter()
+        .map(|(k, b)| format!("{k}={} ({})", b.value, b.from))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
