@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use attnrt_benches::graphs::{attention_chain_model, attention_op_model, seeded_values};
 use attnrt_benches::{
-    attention_flops, check_same_output, core_inputs, env_list, fmt_opt, machine_note, session, CoreLayout, Samples,
+    attention_flops, check_same_output, core_inputs, env_list, fmt_opt, machine_note, process_cpu_seconds, session, CoreLayout, Samples,
     Table, BERT_BASE_ATTENTION,
 };
 use attnrt_kernels::{attention, AttentionParams, Mask, View4, ViewMut4};
@@ -36,6 +36,8 @@ thread_local! {
     static SAMPLES: RefCell<Samples> = RefCell::new(Samples::default());
     /// First output of each path per (threads, L), for the agreement check.
     static OUTPUTS: RefCell<BTreeMap<String, Vec<NamedTensor>>> = RefCell::new(BTreeMap::new());
+    /// Per case: (iterations, CPU seconds) summed over the timed loops.
+    static CPU: RefCell<BTreeMap<String, (u64, f64)>> = RefCell::new(BTreeMap::new());
 }
 
 fn case(path: &str, threads: usize, len: usize) -> String {
@@ -53,12 +55,21 @@ fn layout() -> CoreLayout {
 /// Times `run` with criterion's `iter_custom`, keeping the per-iteration times for the table.
 fn timed(b: &mut criterion::Bencher, name: &str, mut run: impl FnMut()) {
     b.iter_custom(|iters| {
+        let cpu0 = process_cpu_seconds();
         let start = Instant::now();
         for _ in 0..iters {
             run();
         }
         let total = start.elapsed();
         SAMPLES.with(|s| s.borrow_mut().record(name, total, iters));
+        if let (Some(a), Some(b)) = (cpu0, process_cpu_seconds()) {
+            CPU.with(|c| {
+                let mut c = c.borrow_mut();
+                let e = c.entry(name.to_string()).or_insert((0, 0.0));
+                e.0 += iters;
+                e.1 += b - a;
+            });
+        }
         total
     });
 }
@@ -146,8 +157,14 @@ fn benches(c: &mut Criterion) {
     // The table, with the agreement of the three paths.
     let mut table = Table::new(&[
         "threads", "L", "fused ms", "fused GFLOP/s", "unfused ms", "unfused GFLOP/s", "kernel ms", "kernel GFLOP/s",
-        "kernel % of peak", "unfused/fused", "max |fused−unfused|", "max |kernel−unfused|",
+        "kernel % of peak", "kernel GFLOP/CPU-s", "fused GFLOP/CPU-s", "unfused/fused", "max |fused−unfused|",
+        "max |kernel−unfused|",
     ]);
+    // Flops per CPU-second: what the path achieves per core it actually got (see
+    // `process_cpu_seconds`); equals GFLOP/s × threads on an idle machine with busy workers.
+    let per_cpu = |name: &str, flops: f64| {
+        CPU.with(|c| c.borrow().get(name).filter(|e| e.1 > 0.0).map(|&(iters, secs)| flops * iters as f64 / secs / 1e9))
+    };
     SAMPLES.with(|s| {
         let s = s.borrow();
         OUTPUTS.with(|o| {
@@ -177,6 +194,8 @@ fn benches(c: &mut Criterion) {
                         fmt_opt(ms("kernel"), 2),
                         fmt_opt(gf("kernel"), 1),
                         fmt_opt(gf("kernel").map(|g| 100.0 * g / (CORE_PEAK_GFLOPS * t as f64)), 0),
+                        fmt_opt(per_cpu(&case("kernel", t, len), flops), 1),
+                        fmt_opt(per_cpu(&case("fused", t, len), flops), 1),
                         fmt_opt(ms("unfused").zip(ms("fused")).map(|(u, f)| u / f), 2),
                         diff("fused"),
                         diff("kernel"),

@@ -86,8 +86,18 @@ pub fn check_same_output(actual: &[NamedTensor], reference: &[NamedTensor], what
 }
 
 /// Builds a session for `model` on `inputs`, naming the model in errors.
+///
+/// The graph's intermediate `value_info` is dropped first. Fusion records the symbolic shapes of
+/// Q/K/V there (`[1, sequence, 768]`), and `Session::build` fixes the *inputs* to concrete
+/// shapes without binding the symbol elsewhere, so tract then fails to unify `sequence` with
+/// the concrete length (runtime issue, reported). value_info is optional: tract infers the same
+/// shapes without it, so the timings are unaffected.
 pub fn session(model: &ModelProto, inputs: &[NamedTensor], threads: &Threads, what: &str) -> Result<Session> {
-    Session::build(model, inputs, threads, what)
+    let mut model = model.clone();
+    if let Some(g) = model.graph.as_mut() {
+        g.value_info.clear();
+    }
+    Session::build(&model, inputs, threads, what)
 }
 
 /// A comma-separated list of numbers from environment variable `var`, or `default` when unset.
@@ -101,6 +111,20 @@ pub fn env_list(var: &str, default: &[usize]) -> Result<Vec<usize>> {
             .map(|p| p.trim().parse::<usize>().with_context(|| format!("{var}={s}: '{p}' is not a number")))
             .collect(),
     }
+}
+
+/// CPU time (user + system) this process has used, in seconds, from `/proc/self/stat` (10 ms
+/// resolution); `None` off Linux. On a shared machine, work / CPU-second estimates what an
+/// uncontended core would do, where work / wall-second also counts time the OS gave to others.
+pub fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    // USER_HZ is 100 on every Linux configuration Rust targets.
+    Some((utime + stime) / 100.0)
 }
 
 /// Median of `samples` (0 for none).
@@ -279,6 +303,16 @@ mod tests {
     fn helpers() {
         assert_eq!(attention_flops(1, 12, 2048, 2048, 64), 4.0 * 12.0 * 2048.0 * 2048.0 * 64.0);
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        if cfg!(target_os = "linux") {
+            let a = process_cpu_seconds().unwrap();
+            let mut x = 0u64;
+            let t = std::time::Instant::now();
+            while t.elapsed() < Duration::from_millis(300) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            let b = process_cpu_seconds().unwrap();
+            assert!(b - a >= 0.05, "busy loop of 300 ms counted {} CPU s", b - a);
+        }
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         let mut s = Samples::default();
         s.record("a", Duration::from_millis(30), 3);

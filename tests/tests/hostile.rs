@@ -146,7 +146,9 @@ fn three_hundred_thousand_nodes_in_reasonable_time() {
         fused.report.near_misses.len()
     );
     let total = load + validate + alloc + fuse;
-    assert!(total.as_secs_f64() < 30.0, "300k nodes took {total:?}");
+    // Measured (dev profile, 2 busy cores): load 0.9 s, validate 2.8 s, allocation check 0.07 s,
+    // fuse 22 s. The bound leaves room for a loaded machine; a quadratic pass would blow it.
+    assert!(total.as_secs_f64() < 60.0, "300k nodes took {total:?}");
     assert_eq!(fused.report.blocks.len(), 0);
 }
 

@@ -94,7 +94,8 @@ fn mutate_model(m: &mut ModelProto, rng: &mut Rng) {
         3 if n > 0 => {
             // Perturb an integer attribute (perm, axis, axes, num_heads...).
             let node = &mut g.node[rng.below(n)];
-            if let Some(a) = node.attribute.get_mut(rng.below(node.attribute.len().max(1))) {
+            let k = rng.below(node.attribute.len().max(1));
+            if let Some(a) = node.attribute.get_mut(k) {
                 a.i = [-2i64, -1, 0, 1, 2, 3, 4, 1 << 40, i64::MIN][rng.below(9)];
                 if !a.ints.is_empty() {
                     let k = rng.below(a.ints.len());

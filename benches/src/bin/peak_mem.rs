@@ -82,8 +82,11 @@ fn session_peak(model: &attnrt_onnx::ModelProto, inputs: &[NamedTensor], threads
     Ok((worst, ms))
 }
 
-/// Heap growth of one direct kernel call (output preallocated), largest of two calls.
-fn kernel_peak(len: usize, threads: &Threads) -> Result<usize> {
+/// Heap growth of one direct kernel call (output preallocated), largest of two calls, on a
+/// fresh pool of `threads` threads: the kernel keeps its scratch in thread-locals across calls,
+/// so on a pool that already ran attention the growth would read 0.
+fn kernel_peak(len: usize, threads: usize) -> Result<usize> {
+    let threads = Threads::new(Some(threads))?;
     let s = BERT_BASE_ATTENTION;
     let (h, d) = (s.heads, s.head_dim);
     let n = h * len * d;
@@ -131,7 +134,7 @@ fn main() -> Result<()> {
         let qkv = core_inputs(shape, CoreLayout::ThreeD, len, 1)?;
         let (op, _) = session_peak(&op_only, &qkv, &threads, &format!("Attention op L={len}"))?;
         drop(qkv);
-        let k = kernel_peak(len, &threads)?;
+        let k = kernel_peak(len, threads.count())?;
         let scores = (shape.heads * len * len * 4) as f64 / MB;
         let row = vec![
             len.to_string(),
@@ -139,7 +142,7 @@ fn main() -> Result<()> {
             u.map_or("skipped".into(), |(u, _)| format!("{:.1}", u as f64 / MB)),
             u.map_or("–".into(), |(u, _)| format!("{:.1}", u as f64 / f.max(1) as f64)),
             format!("{:.1}", op as f64 / MB),
-            format!("{:.3}", k as f64 / MB),
+            format!("{:.2}", k as f64 / MB),
             format!("{scores:.0}"),
             format!("{f_ms:.0}"),
             u.map_or("–".into(), |(_, ms)| format!("{ms:.0}")),

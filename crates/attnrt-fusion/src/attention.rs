@@ -35,10 +35,13 @@ fn reject(node: impl Into<String>, reason: impl Into<String>) -> Reject {
 }
 
 fn softmax_last_axis(view: &GraphView, n: &NodeProto) -> Result<(), String> {
-    let rank = n.input.first().and_then(|i| view.rank(i)).ok_or("rank of the Softmax input is unknown")?;
     // Before opset 13 Softmax flattens from `axis` (default 1); axis = rank-1 is still the
     // last axis. The caller passes models with opset < 13 only with an explicit axis.
     let axis = attr::int(n, "axis").map_err(|e| e.to_string())?.unwrap_or(-1);
+    if axis == -1 {
+        return Ok(());
+    }
+    let rank = n.input.first().and_then(|i| view.rank(i)).ok_or("rank of the Softmax input is unknown")?;
     let axis = if axis < 0 { axis + rank as i64 } else { axis };
     if axis != rank as i64 - 1 {
         return Err(format!("softmax over axis {axis} of a rank-{rank} tensor, not the last (key) axis"));

@@ -560,6 +560,75 @@ impl<'a> GraphView<'a> {
                 self.set(n, 0, Some(out), None);
             }
             "Slice" => self.infer_slice(n),
+            "Attention" => {
+                // The op this crate emits: needed so later blocks see shapes after a rewrite.
+                let (Some(q), Some(v)) = (s0, self.in_shape(n, 2)) else { return };
+                let out = match (q.len(), v.len()) {
+                    (4, 4) => Some(vec![q[0].clone(), q[1].clone(), q[2].clone(), v[3].clone()]),
+                    (3, 3) => {
+                        let qh = attr::int(n, "q_num_heads").ok().flatten();
+                        let kvh = attr::int(n, "kv_num_heads").ok().flatten();
+                        match (qh, kvh) {
+                            (Some(qh), Some(kvh)) if kvh > 0 => v[2]
+                                .div_exact(&Dim::known(kvh))
+                                .and_then(|dv| dv.mul(&Dim::known(qh)))
+                                .map(|h| vec![q[0].clone(), q[1].clone(), h]),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                self.copy_type(n);
+                self.set(n, 0, out, None);
+            }
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL2"
+            | "ReduceSumSquare" | "ReduceLogSumExp" => {
+                let Some(s) = s0 else { return };
+                let r = s.len() as i64;
+                let keep = attr::int(n, "keepdims").ok().flatten().unwrap_or(1) != 0;
+                let axes: Option<Vec<i64>> = match attr::ints(n, "axes").ok().flatten() {
+                    Some(a) => Some(a.to_vec()),
+                    None if n.input.len() > 1 && !n.input[1].is_empty() => self.in_value(n, 1).and_then(Value::known_ints),
+                    None => Some((0..r).collect()),
+                };
+                let Some(axes) = axes else { return };
+                let axes: Vec<i64> = axes.iter().map(|&a| if a < 0 { a + r } else { a }).collect();
+                let out: Vec<Dim> = s
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, d)| {
+                        if axes.contains(&(i as i64)) {
+                            keep.then(|| Dim::known(1))
+                        } else {
+                            Some(d.clone())
+                        }
+                    })
+                    .collect();
+                self.copy_type(n);
+                self.set(n, 0, Some(out), None);
+            }
+            "Conv" => {
+                let (Some(x), Some(w)) = (s0, self.in_shape(n, 1)) else { return };
+                if x.len() < 3 || w.len() != x.len() {
+                    return;
+                }
+                let sp = x.len() - 2;
+                let get = |name: &str, dflt: i64, len: usize| -> Vec<i64> {
+                    attr::ints(n, name).ok().flatten().map(<[i64]>::to_vec).unwrap_or_else(|| vec![dflt; len])
+                };
+                let (strides, dil, pads) = (get("strides", 1, sp), get("dilations", 1, sp), get("pads", 0, 2 * sp));
+                if attr::string(n, "auto_pad").ok().flatten().is_some_and(|a| a != "NOTSET") || strides.len() != sp || dil.len() != sp || pads.len() != 2 * sp {
+                    return;
+                }
+                let mut out = vec![x[0].clone(), w[0].clone()];
+                for i in 0..sp {
+                    let (Some(xi), Some(ki)) = (x[2 + i].as_known(), w[2 + i].as_known()) else { return };
+                    let eff = dil[i] * (ki - 1) + 1;
+                    out.push(Dim::known((xi + pads[i] + pads[sp + i] - eff) / strides[i] + 1));
+                }
+                self.copy_type(n);
+                self.set(n, 0, Some(out), None);
+            }
             "GatherElements" => {
                 let s1 = self.in_shape(n, 1);
                 self.copy_type(n);

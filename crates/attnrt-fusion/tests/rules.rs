@@ -151,7 +151,8 @@ impl Default for Cfg {
 /// Hand-written MHA as TorchScript exports it: d_model 64, 4 heads of 16, dynamic B and L.
 fn mha(cfg: &Cfg) -> ModelProto {
     let mut b = Builder::default();
-    let x = b.input("x", &["B", "L", "64"]);
+    // GQA's repeat targets are constants here, so its batch and length are static.
+    let x = if cfg.kv_heads != 4 { b.input("x", &["2", "5", "64"]) } else { b.input("x", &["B", "L", "64"]) };
     let kv_src = if cfg.cross { b.input("y", &["B", "S", "64"]) } else { x.clone() };
     let kv_dim = cfg.kv_heads * 16;
     let (wq, wk, wv) = (b.weight(64, 64), b.weight(64, kv_dim), b.weight(64, kv_dim));
@@ -259,6 +260,26 @@ fn scale_attr(n: &NodeProto) -> Option<f32> {
     attr::float(n, "scale").unwrap()
 }
 
+/// The producer of the fused node's mask input, looking through the Expand that makes the
+/// mask's last two axes [Lq, Lk] for ONNX Runtime.
+fn mask_producer<'a>(f: &'a Fused, n: &NodeProto) -> Option<&'a NodeProto> {
+    let g = f.model.graph.as_ref().unwrap();
+    let p = g.node.iter().find(|m| m.output.contains(&n.input[3]))?;
+    if p.op_type == "Expand" {
+        return g.node.iter().find(|m| m.output.contains(&p.input[0]));
+    }
+    Some(p)
+}
+
+/// The mask tensor feeding the fused node, looking through the Expand.
+fn mask_tensor(f: &Fused, n: &NodeProto) -> String {
+    let g = f.model.graph.as_ref().unwrap();
+    match g.node.iter().find(|m| m.output.contains(&n.input[3])) {
+        Some(p) if p.op_type == "Expand" => p.input[0].clone(),
+        _ => n.input[3].clone(),
+    }
+}
+
 fn fused_one(cfg: &Cfg) -> (Fused, NodeProto) {
     let f = run(cfg);
     assert_eq!(f.report.blocks.len(), 1, "{:?}", f.report.explain_lines());
@@ -328,7 +349,7 @@ fn k_transposed_twice() {
 #[test]
 fn additive_mask_is_passed_through() {
     let (f, n) = fused_one(&Cfg { mask: Mask::Add(vec!["B", "1", "1", "L"]), ..Default::default() });
-    assert_eq!(n.input[3], "mask");
+    assert_eq!(mask_tensor(&f, &n), "mask");
     assert_eq!(f.report.blocks[0].mask, "additive");
     assert!(f.report.blocks[0].caveats.is_empty());
 }
@@ -337,8 +358,7 @@ fn additive_mask_is_passed_through() {
 fn finite_fill_becomes_additive_with_caveat_and_strict_refuses() {
     let cfg = Cfg { mask: Mask::Fill(-1e9), ..Default::default() };
     let (f, n) = fused_one(&cfg);
-    let g = f.model.graph.as_ref().unwrap();
-    let w = g.node.iter().find(|m| m.output.contains(&n.input[3])).unwrap();
+    let w = mask_producer(&f, &n).unwrap();
     assert_eq!(w.op_type, "Where");
     assert_eq!(w.input[0], "pad");
     assert_eq!(f.report.blocks[0].caveats.len(), 1);
@@ -350,8 +370,7 @@ fn finite_fill_becomes_additive_with_caveat_and_strict_refuses() {
 #[test]
 fn neg_inf_fill_becomes_bool_mask() {
     let (f, n) = fused_one(&Cfg { mask: Mask::Fill(f32::NEG_INFINITY), ..Default::default() });
-    let g = f.model.graph.as_ref().unwrap();
-    let not = g.node.iter().find(|m| m.output.contains(&n.input[3])).unwrap();
+    let not = mask_producer(&f, &n).unwrap();
     assert_eq!(not.op_type, "Not");
     assert_eq!(not.input, vec!["pad".to_string()]);
     assert_eq!(f.report.blocks[0].mask, "bool");

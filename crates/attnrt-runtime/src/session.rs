@@ -119,6 +119,34 @@ impl std::fmt::Debug for Session {
     }
 }
 
+/// Drops the shapes the file declares for outputs and intermediate values (`value_info`),
+/// keeping element types. The inputs' real shapes are set from the given tensors, and tract
+/// infers every other shape from them; declared symbolic dims (`batch`, `sequence`) would
+/// otherwise have to unify with the concrete ones, which tract refuses ("Impossible to unify
+/// Sym(batch) with Val(2)"), and exporters sometimes declare wrong output shapes (ViT).
+fn forget_declared_shapes(proto: &mut tract_onnx::pb::ModelProto) {
+    fn strip(g: &mut tract_onnx::pb::GraphProto) {
+        g.value_info.clear();
+        for o in &mut g.output {
+            if let Some(tract_onnx::pb::type_proto::Value::TensorType(t)) =
+                o.r#type.as_mut().and_then(|t| t.value.as_mut())
+            {
+                t.shape = None;
+            }
+        }
+        for n in &mut g.node {
+            for a in &mut n.attribute {
+                for sub in a.g.iter_mut().chain(a.graphs.iter_mut()) {
+                    strip(sub);
+                }
+            }
+        }
+    }
+    if let Some(g) = proto.graph.as_mut() {
+        strip(g);
+    }
+}
+
 impl Session {
     /// Builds a session for `model`: every graph input gets the type and shape of the tensor of
     /// the same name in `inputs` (which binds all symbolic dims), then tract optimizes the graph.
@@ -131,9 +159,10 @@ impl Session {
     ) -> Result<Session> {
         attnrt_onnx::validate_model(model).with_context(|| format!("{what}: invalid model"))?;
         let bytes = model.encode_to_vec();
-        let proto = tract_onnx::pb::ModelProto::decode(bytes.as_slice())
+        let mut proto = tract_onnx::pb::ModelProto::decode(bytes.as_slice())
             .with_context(|| format!("{what}: re-reading the model for tract"))?;
         drop(bytes);
+        forget_declared_shapes(&mut proto);
         let frontend = onnx_frontend();
         threads.install(|| {
             guarded(what, || {
