@@ -28,7 +28,8 @@ pub enum Stage {
     Load,
     /// `attnrt_onnx::validate::validate_model_with` (structure).
     Validate,
-    /// `attnrt_onnx::check_static_allocation` (sizes fixed by the file).
+    /// `attnrt_onnx::check_static_allocation` (sizes fixed by the file), which `load_model`
+    /// runs last: the error comes from loading, after every tensor was checked.
     Allocation,
     /// `attnrt_runtime::prepare_inputs` (`--input` / `--input-npz` files).
     Inputs,
@@ -49,6 +50,9 @@ pub struct HostileCase {
     pub expect: Vec<String>,
     /// Extra arguments of `attnrt run` (input files, lowered limits).
     pub run_args: Vec<String>,
+    /// Whether the case applies to the `attnrt` binary (false when it needs a limit the CLI
+    /// has no flag for).
+    pub cli: bool,
     /// Limits lowered for this case (the CLI gets the matching flags in `run_args`).
     pub limits: attnrt_onnx::Limits,
 }
@@ -216,6 +220,26 @@ pub fn nested_subgraphs_bytes(depth: usize) -> Vec<u8> {
         push_len_field(&mut g, 1, &n); // GraphProto.node = 1
         graph = g;
     }
+    // The main graph's inputs, read by the bodies from the enclosing scope.
+    let inputs = GraphProto {
+        input: vec![
+            value("x", &[2, 4]),
+            ValueInfoProto {
+                name: "cond".into(),
+                r#type: Some(TypeProto {
+                    value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                        elem_type: 9, // bool
+                        shape: Some(TensorShapeProto { dim: vec![] }),
+                    })),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    graph.extend_from_slice(&inputs);
     let mut m = ModelProto {
         graph: None,
         ..model(GraphProto::default())
@@ -427,6 +451,7 @@ impl Builder {
             stage,
             expect: e,
             run_args: Vec::new(),
+            cli: true,
             limits: attnrt_onnx::Limits::default(),
         });
         path
@@ -683,6 +708,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         &["nested more than the limit of 8 deep", "node loop_4"],
     );
     b.last().limits.max_subgraph_depth = 8;
+    b.last().cli = false; // no --max-subgraph-depth flag; the 5000-deep case covers the CLI
 
     // --- Limits.
     b.add("model_over_size_limit", "the baseline model with --max-model-bytes 64", &ok, Stage::Load, &["over the model size limit of 64 bytes"]);

@@ -263,6 +263,7 @@ fn mutated_models_never_panic() {
                 std::fs::create_dir_all(findings_dir()).unwrap();
                 let file = findings_dir().join(format!("seed{seed}-run{runs}.onnx"));
                 std::fs::write(&file, &input).unwrap();
+                let msg: String = msg.chars().take(300).collect();
                 findings.push(format!("{} (from {seed_name}): {msg}", file.display()));
                 if findings.len() >= 20 {
                     break;

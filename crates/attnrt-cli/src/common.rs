@@ -11,15 +11,18 @@ use clap::Args;
 /// Limits on what a model may make attnrt do (issue: hostile models).
 #[derive(Args, Debug, Clone)]
 pub struct LimitArgs {
-    /// Largest model file accepted, in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_model_bytes)]
+    /// Largest model file accepted, in bytes. (Limit flags may be repeated; the last one wins.)
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_model_bytes, overrides_with = "max_model_bytes")]
     pub max_model_bytes: u64,
     /// Largest number of elements of one tensor (initializers, inputs).
-    #[arg(long, value_name = "N", default_value_t = Limits::default().max_tensor_elements)]
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_tensor_elements, overrides_with = "max_tensor_elements")]
     pub max_tensor_elements: u64,
     /// Largest number of graph nodes (subgraphs included).
-    #[arg(long, value_name = "N", default_value_t = Limits::default().max_nodes)]
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_nodes, overrides_with = "max_nodes")]
     pub max_nodes: usize,
+    /// Deepest nesting of subgraphs (If/Loop/Scan bodies) accepted.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_subgraph_depth, overrides_with = "max_subgraph_depth")]
+    pub max_subgraph_depth: usize,
 }
 
 impl LimitArgs {
@@ -29,6 +32,7 @@ impl LimitArgs {
             max_model_bytes: self.max_model_bytes,
             max_tensor_elements: self.max_tensor_elements,
             max_nodes: self.max_nodes,
+            max_subgraph_depth: self.max_subgraph_depth,
             ..Limits::default()
         }
     }

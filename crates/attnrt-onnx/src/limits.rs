@@ -27,8 +27,9 @@ const MAX_SHAPE_VALUES: u64 = 64;
 /// `limits.max_tensor_elements` elements whose size the file fixes statically (see the
 /// module documentation). The error names the node or tensor, the shape, and the limit.
 ///
-/// Call it after [`crate::load_model`] and before building a session; it reads the model
-/// only and allocates nothing proportional to the sizes it checks.
+/// [`crate::load_model`] runs it on every model it loads; call it again on a model built or
+/// rewritten in memory before running it. It reads the model only and allocates nothing
+/// proportional to the sizes it checks.
 pub fn check_static_allocation(model: &ModelProto, limits: &Limits) -> Result<()> {
     let Some(graph) = model.graph.as_ref() else {
         bail!("the model has no graph");

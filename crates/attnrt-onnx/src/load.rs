@@ -151,7 +151,8 @@ fn check_depth_and_size(graph: &GraphProto, what: &str, limits: &Limits) -> Resu
 
 /// Loads the model at `path`: reads and decodes it, resolves external data relative to the
 /// model's folder (refusing absolute paths, `..`, and links that lead outside the folder),
-/// and checks every tensor's data against its dims and `limits`.
+/// checks every tensor's data against its dims and `limits`, and refuses tensors the run
+/// would create over the limit ([`crate::check_static_allocation`]).
 pub fn load_model(path: &Path, limits: &Limits) -> Result<LoadedModel> {
     let what = path.display().to_string();
     let meta = std::fs::metadata(path).with_context(|| format!("{what}: cannot read"))?;
@@ -174,6 +175,9 @@ pub fn load_model(path: &Path, limits: &Limits) -> Result<LoadedModel> {
     // The decoded model owns copies of everything; the file's bytes are not needed any more.
     drop(bytes);
     let external_files = resolve_external(&mut model, &what, dir, limits)?;
+    // Last, the tensors the run would create with sizes fixed by the file: a 100-byte model
+    // can ask for a 4 TB ConstantOfShape, and every user of a loaded model must be safe.
+    crate::limits::check_static_allocation(&model, limits).with_context(|| what.clone())?;
     Ok(LoadedModel {
         model,
         path: path.to_path_buf(),
@@ -182,8 +186,8 @@ pub fn load_model(path: &Path, limits: &Limits) -> Result<LoadedModel> {
 }
 
 /// [`load_model`] on bytes already in memory: decodes them (see [`decode_model`]), reads
-/// external data from files inside `dir` only, and checks every tensor against its dims and
-/// `limits`. `what` names the source in error messages. Returns the self-contained model and
+/// external data from files inside `dir` only, checks every tensor against its dims and
+/// `limits`, and runs [`crate::check_static_allocation`]. `what` names the source in error messages. Returns the self-contained model and
 /// the external data files read (relative to `dir`, in first-use order).
 pub fn load_model_from_bytes(
     bytes: &[u8],
@@ -193,6 +197,7 @@ pub fn load_model_from_bytes(
 ) -> Result<(ModelProto, Vec<String>)> {
     let mut model = decode_model(bytes, what, limits)?;
     let files = resolve_external(&mut model, what, dir, limits)?;
+    crate::limits::check_static_allocation(&model, limits).with_context(|| what.to_string())?;
     Ok((model, files))
 }
 
