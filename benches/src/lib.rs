@@ -85,19 +85,10 @@ pub fn check_same_output(actual: &[NamedTensor], reference: &[NamedTensor], what
     Ok(d.max_abs)
 }
 
-/// Builds a session for `model` on `inputs`, naming the model in errors.
-///
-/// The graph's intermediate `value_info` is dropped first. Fusion records the symbolic shapes of
-/// Q/K/V there (`[1, sequence, 768]`), and `Session::build` fixes the *inputs* to concrete
-/// shapes without binding the symbol elsewhere, so tract then fails to unify `sequence` with
-/// the concrete length (runtime issue, reported). value_info is optional: tract infers the same
-/// shapes without it, so the timings are unaffected.
+/// Builds a session for `model` on `inputs`, naming the model in errors (the same path as
+/// `attnrt run`: shapes come from the given inputs, declared `value_info` shapes are ignored).
 pub fn session(model: &ModelProto, inputs: &[NamedTensor], threads: &Threads, what: &str) -> Result<Session> {
-    let mut model = model.clone();
-    if let Some(g) = model.graph.as_mut() {
-        g.value_info.clear();
-    }
-    Session::build(&model, inputs, threads, what)
+    Session::build(model, inputs, threads, what)
 }
 
 /// A comma-separated list of numbers from environment variable `var`, or `default` when unset.

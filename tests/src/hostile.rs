@@ -725,7 +725,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     b.last().run_args = vec!["--max-nodes".into(), "1000".into()];
     b.add(
         "tensor_over_element_limit",
-        "the baseline model with --max-tensor-elements 2 (w has 4)",
+        "the baseline model with --max-tensor-elements 2 (w has 4, x and y 8)",
         &ok,
         Stage::Load,
         &["initializer 'w'", "more than the limit of 2 elements"],

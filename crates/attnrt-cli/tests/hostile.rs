@@ -184,7 +184,7 @@ fn limit_flags_raise_the_limits() {
     for (name, raised) in [
         ("nodes_over_limit", ["--max-nodes", "10000"]),
         ("model_over_size_limit", ["--max-model-bytes", "100000"]),
-        ("tensor_over_element_limit", ["--max-tensor-elements", "4"]),
+        ("tensor_over_element_limit", ["--max-tensor-elements", "8"]),
     ] {
         let case = cases.iter().find(|c| c.name == name).unwrap();
         let out = case.model.parent().unwrap().join("fused.onnx");
