@@ -21,12 +21,14 @@ use std::time::{Duration, Instant};
 
 use attnrt_benches::graphs::{attention_chain_model, attention_op_model, seeded_values};
 use attnrt_benches::{
-    attention_flops, check_same_output, core_inputs, env_list, fmt_opt, machine_note, process_cpu_seconds, session, CoreLayout, Samples,
-    Table, BERT_BASE_ATTENTION,
+    attention_flops, check_same_output, core_inputs, env_list, fmt_opt, machine_note,
+    process_cpu_seconds, session, CoreLayout, Samples, Table, BERT_BASE_ATTENTION,
 };
 use attnrt_kernels::{attention, AttentionParams, Mask, View4, ViewMut4};
 use attnrt_runtime::{NamedTensor, Tensor, Threads};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput};
+use criterion::{
+    criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
 
 /// One core's fp32 FMA peak on this machine (3.6 GHz × 2 FMA units × 16 lanes × 2 flops).
 const CORE_PEAK_GFLOPS: f64 = 235.0;
@@ -131,15 +133,20 @@ fn benches(c: &mut Criterion) {
                 let data: Vec<Vec<f32>> = (0..3).map(|i| seeded_values(SEED + i, n, 1.0)).collect();
                 let mut out = vec![0f32; n];
                 let params = AttentionParams::new(AttentionParams::default_scale(d));
-                let (q, k, v) =
-                    (view(&data[0], layout, h, len, d), view(&data[1], layout, h, len, d), view(&data[2], layout, h, len, d));
+                let (q, k, v) = (
+                    view(&data[0], layout, h, len, d),
+                    view(&data[1], layout, h, len, d),
+                    view(&data[2], layout, h, len, d),
+                );
                 let call = |out: &mut [f32]| {
                     let mut o = match layout {
                         CoreLayout::FourD => ViewMut4::contiguous(out, [1, h, len, d]),
                         CoreLayout::ThreeD => ViewMut4::from_bshd(out, 1, len, h, d),
                     }
                     .expect("out view");
-                    threads.install(|| attention(&q, &k, &v, &Mask::None, &params, &mut o)).expect("kernel");
+                    threads
+                        .install(|| attention(&q, &k, &v, &Mask::None, &params, &mut o))
+                        .expect("kernel");
                 };
                 call(&mut out);
                 let dims: Vec<usize> = match layout {
@@ -147,7 +154,15 @@ fn benches(c: &mut Criterion) {
                     CoreLayout::ThreeD => vec![1, len, h * d],
                 };
                 let t_out = Tensor::from_shape(&dims, &out).expect("kernel output tensor");
-                OUTPUTS.with(|o| o.borrow_mut().insert(name.clone(), vec![NamedTensor { name: "y".into(), tensor: t_out }]));
+                OUTPUTS.with(|o| {
+                    o.borrow_mut().insert(
+                        name.clone(),
+                        vec![NamedTensor {
+                            name: "y".into(),
+                            tensor: t_out,
+                        }],
+                    )
+                });
                 timed(b, &name, || call(&mut out));
             });
             g.finish();
@@ -156,14 +171,30 @@ fn benches(c: &mut Criterion) {
 
     // The table, with the agreement of the three paths.
     let mut table = Table::new(&[
-        "threads", "L", "fused ms", "fused GFLOP/s", "unfused ms", "unfused GFLOP/s", "kernel ms", "kernel GFLOP/s",
-        "kernel % of peak", "kernel GFLOP/CPU-s", "fused GFLOP/CPU-s", "unfused/fused", "max |fused−unfused|",
+        "threads",
+        "L",
+        "fused ms",
+        "fused GFLOP/s",
+        "unfused ms",
+        "unfused GFLOP/s",
+        "kernel ms",
+        "kernel GFLOP/s",
+        "kernel % of peak",
+        "kernel GFLOP/CPU-s",
+        "fused GFLOP/CPU-s",
+        "unfused/fused",
+        "max |fused−unfused|",
         "max |kernel−unfused|",
     ]);
     // Flops per CPU-second: what the path achieves per core it actually got (see
     // `process_cpu_seconds`); equals GFLOP/s × threads on an idle machine with busy workers.
     let per_cpu = |name: &str, flops: f64| {
-        CPU.with(|c| c.borrow().get(name).filter(|e| e.1 > 0.0).map(|&(iters, secs)| flops * iters as f64 / secs / 1e9))
+        CPU.with(|c| {
+            c.borrow()
+                .get(name)
+                .filter(|e| e.1 > 0.0)
+                .map(|&(iters, secs)| flops * iters as f64 / secs / 1e9)
+        })
     };
     SAMPLES.with(|s| {
         let s = s.borrow();
@@ -174,11 +205,16 @@ fn benches(c: &mut Criterion) {
                     let flops = attention_flops(1, shape.heads, len, len, shape.head_dim);
                     let ms = |p: &str| s.median_ms(&case(p, t, len));
                     let gf = |p: &str| ms(p).map(|m| flops / (m * 1e-3) / 1e9);
-                    let diff = |p: &str| match (o.get(&case(p, t, len)), o.get(&case("unfused", t, len))) {
-                        (Some(a), Some(r)) => match check_same_output(a, r, &format!("{p} L={len}")) {
-                            Ok(d) => format!("{d:.1e}"),
-                            Err(e) => format!("MISMATCH: {e:#}"),
-                        },
+                    let diff = |p: &str| match (
+                        o.get(&case(p, t, len)),
+                        o.get(&case("unfused", t, len)),
+                    ) {
+                        (Some(a), Some(r)) => {
+                            match check_same_output(a, r, &format!("{p} L={len}")) {
+                                Ok(d) => format!("{d:.1e}"),
+                                Err(e) => format!("MISMATCH: {e:#}"),
+                            }
+                        }
                         _ => "–".into(),
                     };
                     if ms("fused").is_none() && ms("unfused").is_none() && ms("kernel").is_none() {
@@ -193,7 +229,10 @@ fn benches(c: &mut Criterion) {
                         fmt_opt(gf("unfused"), 1),
                         fmt_opt(ms("kernel"), 2),
                         fmt_opt(gf("kernel"), 1),
-                        fmt_opt(gf("kernel").map(|g| 100.0 * g / (CORE_PEAK_GFLOPS * t as f64)), 0),
+                        fmt_opt(
+                            gf("kernel").map(|g| 100.0 * g / (CORE_PEAK_GFLOPS * t as f64)),
+                            0,
+                        ),
                         fmt_opt(per_cpu(&case("kernel", t, len), flops), 1),
                         fmt_opt(per_cpu(&case("fused", t, len), flops), 1),
                         fmt_opt(ms("unfused").zip(ms("fused")).map(|(u, f)| u / f), 2),

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use attnrt_benches::graphs::bert_encoder_model;
 use attnrt_benches::{
-    check_same_output, env_list, fmt_opt, fuse_expecting, machine_note, random_input, session, EncoderShape, Samples,
-    Table, BERT_BASE_ATTENTION,
+    check_same_output, env_list, fmt_opt, fuse_expecting, machine_note, random_input, session,
+    EncoderShape, Samples, Table, BERT_BASE_ATTENTION,
 };
 use attnrt_onnx::{load_model, Limits, ModelProto};
 use attnrt_runtime::{NamedTensor, Tensor, Threads};
@@ -48,23 +48,50 @@ fn bert_eager_case(len: usize) -> anyhow::Result<Case> {
     // Token ids in the model's vocabulary (100), every position attended.
     let ids: Vec<i64> = (0..len as i64).map(|i| (i * 37 + 11) % 100).collect();
     let inputs = vec![
-        NamedTensor { name: "input_ids".into(), tensor: Tensor::from_shape(&[1, len], &ids)? },
-        NamedTensor { name: "attention_mask".into(), tensor: Tensor::from_shape(&[1, len], &vec![1i64; len])? },
+        NamedTensor {
+            name: "input_ids".into(),
+            tensor: Tensor::from_shape(&[1, len], &ids)?,
+        },
+        NamedTensor {
+            name: "attention_mask".into(),
+            tensor: Tensor::from_shape(&[1, len], &vec![1i64; len])?,
+        },
     ];
-    Ok(Case { id: format!("bert_eager_ts/L{len}"), unfused, fused, inputs, len })
+    Ok(Case {
+        id: format!("bert_eager_ts/L{len}"),
+        unfused,
+        fused,
+        inputs,
+        len,
+    })
 }
 
 fn encoder_case(len: usize) -> anyhow::Result<Case> {
-    let shape = EncoderShape { attention: BERT_BASE_ATTENTION, layers: 2, ffn: 3072 };
+    let shape = EncoderShape {
+        attention: BERT_BASE_ATTENTION,
+        layers: 2,
+        ffn: 3072,
+    };
     let unfused = bert_encoder_model(shape, 7)?;
     let fused = fuse_expecting(&unfused, shape.layers, "the 2-layer encoder")?;
     let padded = len / 20;
-    let bias: Vec<f32> = (0..len).map(|i| if i >= len - padded { -10000.0 } else { 0.0 }).collect();
+    let bias: Vec<f32> = (0..len)
+        .map(|i| if i >= len - padded { -10000.0 } else { 0.0 })
+        .collect();
     let inputs = vec![
         random_input("x", &[1, len, shape.attention.hidden()], 3)?,
-        NamedTensor { name: "mask_bias".into(), tensor: Tensor::from_shape(&[1, 1, 1, len], &bias)? },
+        NamedTensor {
+            name: "mask_bias".into(),
+            tensor: Tensor::from_shape(&[1, 1, 1, len], &bias)?,
+        },
     ];
-    Ok(Case { id: format!("encoder768/L{len}"), unfused, fused, inputs, len })
+    Ok(Case {
+        id: format!("encoder768/L{len}"),
+        unfused,
+        fused,
+        inputs,
+        len,
+    })
 }
 
 fn benches(c: &mut Criterion) {
@@ -72,7 +99,10 @@ fn benches(c: &mut Criterion) {
     let t = env_list("ATTNRT_BENCH_THREADS", &[2]).expect("ATTNRT_BENCH_THREADS");
     let t = *t.first().expect("ATTNRT_BENCH_THREADS is empty");
     let threads = Threads::new(Some(t)).expect("thread pool");
-    println!("BERT-shaped models, B=1; threads {t} (tract matmuls + attnrt kernel pool); {}", machine_note());
+    println!(
+        "BERT-shaped models, B=1; threads {t} (tract matmuls + attnrt kernel pool); {}",
+        machine_note()
+    );
 
     let mut cases = Vec::new();
     match bert_eager_case(128) {
@@ -90,13 +120,20 @@ fn benches(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("bert_model/t{t}"));
         g.sample_size(10);
         g.sampling_mode(SamplingMode::Flat);
-        g.warm_up_time(Duration::from_millis(if case.len >= 2048 { 1500 } else { 500 }));
+        g.warm_up_time(Duration::from_millis(if case.len >= 2048 {
+            1500
+        } else {
+            500
+        }));
         g.measurement_time(Duration::from_secs(if case.len >= 2048 { 10 } else { 3 }));
         for (path, model) in [("fused", &case.fused), ("unfused", &case.unfused)] {
             let name = format!("{}/{path}", case.id);
             g.bench_function(BenchmarkId::new(path, &case.id), |b| {
                 let s = session(model, &case.inputs, &threads, &name).expect("session");
-                OUTPUTS.with(|o| o.borrow_mut().insert(name.clone(), s.run(&case.inputs).expect("first run")));
+                OUTPUTS.with(|o| {
+                    o.borrow_mut()
+                        .insert(name.clone(), s.run(&case.inputs).expect("first run"))
+                });
                 b.iter_custom(|iters| {
                     let start = Instant::now();
                     for _ in 0..iters {
@@ -111,7 +148,14 @@ fn benches(c: &mut Criterion) {
         g.finish();
     }
 
-    let mut table = Table::new(&["model", "threads", "fused ms", "unfused ms", "unfused/fused", "max |fused−unfused|"]);
+    let mut table = Table::new(&[
+        "model",
+        "threads",
+        "fused ms",
+        "unfused ms",
+        "unfused/fused",
+        "max |fused−unfused|",
+    ]);
     SAMPLES.with(|s| {
         let s = s.borrow();
         OUTPUTS.with(|o| {
@@ -122,7 +166,10 @@ fn benches(c: &mut Criterion) {
                 if f.is_none() && u.is_none() {
                     continue;
                 }
-                let diff = match (o.get(&format!("{}/fused", case.id)), o.get(&format!("{}/unfused", case.id))) {
+                let diff = match (
+                    o.get(&format!("{}/fused", case.id)),
+                    o.get(&format!("{}/unfused", case.id)),
+                ) {
                     (Some(a), Some(r)) => match check_same_output(a, r, &case.id) {
                         Ok(d) => format!("{d:.1e}"),
                         Err(e) => format!("MISMATCH: {e:#}"),
@@ -140,7 +187,11 @@ fn benches(c: &mut Criterion) {
             }
         });
     });
-    println!("\nBERT-shaped models, B=1, median ms\n{}\n{}", table.render(), machine_note());
+    println!(
+        "\nBERT-shaped models, B=1, median ms\n{}\n{}",
+        table.render(),
+        machine_note()
+    );
 }
 
 criterion_group!(bert_model, benches);

@@ -23,11 +23,13 @@ use std::time::{Duration, Instant};
 
 use attnrt_benches::graphs::mha_layer_model;
 use attnrt_benches::{
-    attention_flops, check_same_output, env_list, fmt_opt, fuse_expecting, machine_note, ort, random_input, session,
-    Samples, Table, BERT_BASE_ATTENTION,
+    attention_flops, check_same_output, env_list, fmt_opt, fuse_expecting, machine_note, ort,
+    random_input, session, Samples, Table, BERT_BASE_ATTENTION,
 };
 use attnrt_runtime::{NamedTensor, Threads};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput};
+use criterion::{
+    criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
 
 thread_local! {
     static SAMPLES: RefCell<Samples> = RefCell::new(Samples::default());
@@ -48,7 +50,11 @@ fn layer_flops(len: usize) -> f64 {
 fn benches(c: &mut Criterion) {
     let two = env_list("ATTNRT_BENCH_LENS", &[512, 2048, 4096]).expect("ATTNRT_BENCH_LENS");
     let one = env_list("ATTNRT_BENCH_SINGLE", &[2048]).expect("ATTNRT_BENCH_SINGLE");
-    let cases: Vec<(usize, usize)> = two.iter().map(|&l| (2, l)).chain(one.iter().map(|&l| (1, l))).collect();
+    let cases: Vec<(usize, usize)> = two
+        .iter()
+        .map(|&l| (2, l))
+        .chain(one.iter().map(|&l| (1, l)))
+        .collect();
     let shape = BERT_BASE_ATTENTION;
     let unfused = mha_layer_model(shape, 42).expect("layer graph");
     let fused = fuse_expecting(&unfused, 1, "the MHA layer").expect("fusion");
@@ -58,8 +64,10 @@ fn benches(c: &mut Criterion) {
         shape.heads,
         machine_note()
     );
-    let pools: BTreeMap<usize, Threads> =
-        cases.iter().map(|&(t, _)| (t, Threads::new(Some(t)).expect("thread pool"))).collect();
+    let pools: BTreeMap<usize, Threads> = cases
+        .iter()
+        .map(|&(t, _)| (t, Threads::new(Some(t)).expect("thread pool")))
+        .collect();
 
     for &(t, len) in &cases {
         let threads = &pools[&t];
@@ -74,7 +82,10 @@ fn benches(c: &mut Criterion) {
             let name = case(path, t, len);
             g.bench_function(BenchmarkId::new(path, len), |b| {
                 let s = session(model, &inputs, threads, &name).expect("session");
-                OUTPUTS.with(|o| o.borrow_mut().insert(name.clone(), s.run(&inputs).expect("first run")));
+                OUTPUTS.with(|o| {
+                    o.borrow_mut()
+                        .insert(name.clone(), s.run(&inputs).expect("first run"))
+                });
                 b.iter_custom(|iters| {
                     let start = Instant::now();
                     for _ in 0..iters {
@@ -99,7 +110,10 @@ fn benches(c: &mut Criterion) {
             match ort::run(lens, t, 10) {
                 Ok(Some(rs)) => {
                     for r in rs {
-                        ort_ms.insert((r.form.clone(), r.threads, r.len), (r.median_ms, r.peak_rss_mb, r.version));
+                        ort_ms.insert(
+                            (r.form.clone(), r.threads, r.len),
+                            (r.median_ms, r.peak_rss_mb, r.version),
+                        );
                     }
                 }
                 Ok(None) => {}
@@ -109,8 +123,15 @@ fn benches(c: &mut Criterion) {
     }
 
     let mut table = Table::new(&[
-        "threads", "L", "attnrt fused ms", "tract unfused ms", "unfused/fused", "ORT Attention ms", "ORT decomposed ms",
-        "ORT Attention/attnrt fused", "max |fused−unfused|",
+        "threads",
+        "L",
+        "attnrt fused ms",
+        "tract unfused ms",
+        "unfused/fused",
+        "ORT Attention ms",
+        "ORT decomposed ms",
+        "ORT Attention/attnrt fused",
+        "max |fused−unfused|",
     ]);
     SAMPLES.with(|s| {
         let s = s.borrow();
@@ -122,13 +143,20 @@ fn benches(c: &mut Criterion) {
                 if f.is_none() && u.is_none() {
                     continue;
                 }
-                let ort_a = ort_ms.get(&("attention_op".to_string(), t, len)).map(|r| r.0);
+                let ort_a = ort_ms
+                    .get(&("attention_op".to_string(), t, len))
+                    .map(|r| r.0);
                 let ort_d = ort_ms.get(&("decomposed".to_string(), t, len)).map(|r| r.0);
-                let diff = match (o.get(&case("fused", t, len)), o.get(&case("unfused", t, len))) {
-                    (Some(a), Some(r)) => match check_same_output(a, r, &format!("MHA layer L={len}")) {
-                        Ok(d) => format!("{d:.1e}"),
-                        Err(e) => format!("MISMATCH: {e:#}"),
-                    },
+                let diff = match (
+                    o.get(&case("fused", t, len)),
+                    o.get(&case("unfused", t, len)),
+                ) {
+                    (Some(a), Some(r)) => {
+                        match check_same_output(a, r, &format!("MHA layer L={len}")) {
+                            Ok(d) => format!("{d:.1e}"),
+                            Err(e) => format!("MISMATCH: {e:#}"),
+                        }
+                    }
                     _ => "–".into(),
                 };
                 table.row(vec![
@@ -145,15 +173,25 @@ fn benches(c: &mut Criterion) {
             }
         });
     });
-    let version = ort_ms.values().next().map(|r| r.2.clone()).unwrap_or_else(|| "not run".into());
+    let version = ort_ms
+        .values()
+        .next()
+        .map(|r| r.2.clone())
+        .unwrap_or_else(|| "not run".into());
     println!(
         "\nMHA layer (d_model 768, 12 heads, B=1), median ms; ONNX Runtime {version} with default graph optimizations\n{}\n{}",
         table.render(),
         machine_note()
     );
     if !ort_ms.is_empty() {
-        println!("ONNX Runtime peak RSS per case (MB, whole process): {}",
-            ort_ms.iter().map(|((f, t, l), r)| format!("{f} t{t} L{l}: {:.0}", r.1)).collect::<Vec<_>>().join(", "));
+        println!(
+            "ONNX Runtime peak RSS per case (MB, whole process): {}",
+            ort_ms
+                .iter()
+                .map(|((f, t, l), r)| format!("{f} t{t} L{l}: {:.0}", r.1))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
 }
 

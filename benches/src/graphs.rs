@@ -11,8 +11,7 @@ use attnrt_onnx::opset::min_ir_version_for_opset;
 use attnrt_onnx::proto::{tensor_shape_proto, type_proto, TensorShapeProto, TypeProto};
 use attnrt_onnx::tensor::{from_f32, from_i64};
 use attnrt_onnx::{
-    AttributeProto, DataType, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-    ValueInfoProto,
+    AttributeProto, DataType, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, ValueInfoProto,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -46,7 +45,14 @@ pub struct GraphBuilder {
 impl GraphBuilder {
     /// An empty graph whose weights will be drawn from `seed`.
     pub fn new(name: &str, seed: u64) -> Self {
-        GraphBuilder { graph: GraphProto { name: name.into(), ..Default::default() }, next: 0, seed }
+        GraphBuilder {
+            graph: GraphProto {
+                name: name.into(),
+                ..Default::default()
+            },
+            next: 0,
+            seed,
+        }
     }
 
     fn value_info(name: &str, elem: DataType, dims: &[Dim]) -> ValueInfoProto {
@@ -92,7 +98,9 @@ impl GraphBuilder {
 
     /// An int64 initializer (reshape targets).
     pub fn constant_i64(&mut self, name: &str, values: &[i64]) -> String {
-        self.graph.initializer.push(from_i64(name, &[values.len() as i64], values));
+        self.graph
+            .initializer
+            .push(from_i64(name, &[values.len() as i64], values));
         name.into()
     }
 
@@ -124,7 +132,10 @@ impl GraphBuilder {
     pub fn finish(self, opset: i64) -> ModelProto {
         ModelProto {
             ir_version: min_ir_version_for_opset(opset),
-            opset_import: vec![OperatorSetIdProto { domain: String::new(), version: opset }],
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: opset,
+            }],
             producer_name: "attnrt-benches".into(),
             graph: Some(self.graph),
             ..Default::default()
@@ -148,18 +159,30 @@ impl AttentionShape {
     }
 
     fn check(&self) -> Result<()> {
-        ensure!(self.heads > 0 && self.head_dim > 0, "attention shape {self:?} must have heads and head size > 0");
+        ensure!(
+            self.heads > 0 && self.head_dim > 0,
+            "attention shape {self:?} must have heads and head size > 0"
+        );
         Ok(())
     }
 
     /// The `[1, H, L, D]` dims of the 4-D layout.
     pub fn dims_4d(&self) -> [Dim; 4] {
-        [Dim::Fixed(1), Dim::Fixed(self.heads as i64), Dim::Sym(SEQ), Dim::Fixed(self.head_dim as i64)]
+        [
+            Dim::Fixed(1),
+            Dim::Fixed(self.heads as i64),
+            Dim::Sym(SEQ),
+            Dim::Fixed(self.head_dim as i64),
+        ]
     }
 
     /// The `[1, L, H·D]` dims of the 3-D layout.
     pub fn dims_3d(&self) -> [Dim; 3] {
-        [Dim::Fixed(1), Dim::Sym(SEQ), Dim::Fixed(self.hidden() as i64)]
+        [
+            Dim::Fixed(1),
+            Dim::Sym(SEQ),
+            Dim::Fixed(self.hidden() as i64),
+        ]
     }
 }
 
@@ -237,7 +260,13 @@ pub fn attention_chain_model(shape: AttentionShape, layout: CoreLayout) -> Resul
 
 /// `Reshape → Transpose` of Q, K, V into heads; K is transposed to `[B, H, D, L]` in one
 /// `Transpose[0,2,3,1]` as the TorchScript exporter merges it.
-fn head_split(g: &mut GraphBuilder, q: &str, k: &str, v: &str, split: &str) -> (String, String, String) {
+fn head_split(
+    g: &mut GraphBuilder,
+    q: &str,
+    k: &str,
+    v: &str,
+    split: &str,
+) -> (String, String, String) {
     let perm_qv = || vec![make_ints("perm", &[0, 2, 1, 3])];
     let qr = g.node("Reshape", &[q, split], vec![]);
     let q = g.node("Transpose", &[&qr], perm_qv());
@@ -250,7 +279,11 @@ fn head_split(g: &mut GraphBuilder, q: &str, k: &str, v: &str, split: &str) -> (
 
 /// `Transpose[0,2,1,3] → Reshape [B, L, H·D]`.
 fn head_merge(g: &mut GraphBuilder, context: &str, merge: &str) -> String {
-    let t = g.node("Transpose", &[context], vec![make_ints("perm", &[0, 2, 1, 3])]);
+    let t = g.node(
+        "Transpose",
+        &[context],
+        vec![make_ints("perm", &[0, 2, 1, 3])],
+    );
     g.node("Reshape", &[&t, merge], vec![])
 }
 
@@ -275,7 +308,11 @@ fn attention_scores_context(
 /// `MatMul(x, W) + b` with a seeded `[d_in, d_out]` weight and `[d_out]` bias.
 fn linear(g: &mut GraphBuilder, x: &str, name: &str, d_in: usize, d_out: usize) -> String {
     let bound = 1.0 / (d_in as f32).sqrt();
-    let w = g.weight(&format!("{name}.weight"), &[d_in as i64, d_out as i64], bound);
+    let w = g.weight(
+        &format!("{name}.weight"),
+        &[d_in as i64, d_out as i64],
+        bound,
+    );
     let b = g.weight(&format!("{name}.bias"), &[d_out as i64], bound);
     let y = g.node("MatMul", &[x, &w], vec![]);
     g.node("Add", &[&y, &b], vec![])
@@ -283,7 +320,13 @@ fn linear(g: &mut GraphBuilder, x: &str, name: &str, d_in: usize, d_out: usize) 
 
 /// One self-attention block (Q/K/V projections with bias, attention, output projection) on
 /// `x: [B, L, d_model]`, written as the TorchScript exporter writes `nn.Module` attention.
-fn mha_block(g: &mut GraphBuilder, x: &str, prefix: &str, shape: AttentionShape, bias: Option<&str>) -> String {
+fn mha_block(
+    g: &mut GraphBuilder,
+    x: &str,
+    prefix: &str,
+    shape: AttentionShape,
+    bias: Option<&str>,
+) -> String {
     let (h, d) = (shape.heads as i64, shape.head_dim as i64);
     let dm = shape.hidden();
     let q = linear(g, x, &format!("{prefix}.q_proj"), dm, dm);
@@ -313,15 +356,26 @@ pub fn mha_layer_model(shape: AttentionShape, seed: u64) -> Result<ModelProto> {
 
 /// `LayerNormalization` over the last axis with seeded scale and bias near 1 and 0.
 fn layer_norm(g: &mut GraphBuilder, x: &str, name: &str, d: usize) -> String {
-    let gamma: Vec<f32> = seeded_values(g.seed.wrapping_add(1000), d, 0.05).iter().map(|v| 1.0 + v).collect();
+    let gamma: Vec<f32> = seeded_values(g.seed.wrapping_add(1000), d, 0.05)
+        .iter()
+        .map(|v| 1.0 + v)
+        .collect();
     let gamma = g.constant_f32(&format!("{name}.weight"), &[d as i64], &gamma);
     let beta = g.weight(&format!("{name}.bias"), &[d as i64], 0.05);
-    g.node("LayerNormalization", &[x, &gamma, &beta], vec![make_int("axis", -1), make_float("epsilon", 1e-12)])
+    g.node(
+        "LayerNormalization",
+        &[x, &gamma, &beta],
+        vec![make_int("axis", -1), make_float("epsilon", 1e-12)],
+    )
 }
 
 /// GELU as exported from PyTorch: `0.5·x·(1 + erf(x/√2))`.
 fn gelu(g: &mut GraphBuilder, x: &str, name: &str) -> String {
-    let inv_sqrt2 = g.constant_f32(&format!("{name}.inv_sqrt2"), &[], &[std::f32::consts::FRAC_1_SQRT_2]);
+    let inv_sqrt2 = g.constant_f32(
+        &format!("{name}.inv_sqrt2"),
+        &[],
+        &[std::f32::consts::FRAC_1_SQRT_2],
+    );
     let one = g.constant_f32(&format!("{name}.one"), &[], &[1.0]);
     let half = g.constant_f32(&format!("{name}.half"), &[], &[0.5]);
     let t = g.node("Mul", &[x, &inv_sqrt2], vec![]);
@@ -347,16 +401,29 @@ pub struct EncoderShape {
 /// output `[1, L, d_model]`. Embeddings are left out: they cost nothing next to the layers.
 pub fn bert_encoder_model(shape: EncoderShape, seed: u64) -> Result<ModelProto> {
     shape.attention.check()?;
-    ensure!(shape.layers > 0 && shape.ffn > 0, "encoder shape {shape:?} needs layers and ffn > 0");
+    ensure!(
+        shape.layers > 0 && shape.ffn > 0,
+        "encoder shape {shape:?} needs layers and ffn > 0"
+    );
     let dm = shape.attention.hidden();
     let mut g = GraphBuilder::new("bert_encoder", seed);
     let dims = shape.attention.dims_3d();
     g.input("x", DataType::Float, &dims);
-    g.input("mask_bias", DataType::Float, &[Dim::Fixed(1), Dim::Fixed(1), Dim::Fixed(1), Dim::Sym(SEQ)]);
+    g.input(
+        "mask_bias",
+        DataType::Float,
+        &[Dim::Fixed(1), Dim::Fixed(1), Dim::Fixed(1), Dim::Sym(SEQ)],
+    );
     let mut h = "x".to_string();
     for layer in 0..shape.layers {
         let p = format!("layer.{layer}");
-        let a = mha_block(&mut g, &h, &format!("{p}.attention"), shape.attention, Some("mask_bias"));
+        let a = mha_block(
+            &mut g,
+            &h,
+            &format!("{p}.attention"),
+            shape.attention,
+            Some("mask_bias"),
+        );
         let r = g.node("Add", &[&h, &a], vec![]);
         h = layer_norm(&mut g, &r, &format!("{p}.attention.norm"), dm);
         let f = linear(&mut g, &h, &format!("{p}.intermediate"), dm, shape.ffn);

@@ -25,10 +25,19 @@ use attnrt_runtime::{diff_tensor, NamedTensor, Session, Tensor, Threads, Toleran
 pub use graphs::{AttentionShape, CoreLayout, EncoderShape};
 
 /// The attention shape of the benchmarks: 12 heads of 64 (`d_model` 768).
-pub const BERT_BASE_ATTENTION: AttentionShape = AttentionShape { heads: 12, head_dim: 64 };
+pub const BERT_BASE_ATTENTION: AttentionShape = AttentionShape {
+    heads: 12,
+    head_dim: 64,
+};
 
 /// Flops of the attention core, `4·B·H·Lq·Lk·D` (two matmuls, multiply-add = 2 flops).
-pub fn attention_flops(batch: usize, heads: usize, q_len: usize, kv_len: usize, head_dim: usize) -> f64 {
+pub fn attention_flops(
+    batch: usize,
+    heads: usize,
+    q_len: usize,
+    kv_len: usize,
+    head_dim: usize,
+) -> f64 {
     4.0 * batch as f64 * heads as f64 * q_len as f64 * kv_len as f64 * head_dim as f64
 }
 
@@ -36,12 +45,21 @@ pub fn attention_flops(batch: usize, heads: usize, q_len: usize, kv_len: usize, 
 pub fn random_input(name: &str, shape: &[usize], seed: u64) -> Result<NamedTensor> {
     let n = shape.iter().product();
     let data = graphs::seeded_values(seed, n, 1.0);
-    let tensor = Tensor::from_shape(shape, &data).with_context(|| format!("building input '{name}' {shape:?}"))?;
-    Ok(NamedTensor { name: name.into(), tensor })
+    let tensor = Tensor::from_shape(shape, &data)
+        .with_context(|| format!("building input '{name}' {shape:?}"))?;
+    Ok(NamedTensor {
+        name: name.into(),
+        tensor,
+    })
 }
 
 /// Inputs `q`, `k`, `v` of the attention-core graphs for sequence length `len`.
-pub fn core_inputs(shape: AttentionShape, layout: CoreLayout, len: usize, seed: u64) -> Result<Vec<NamedTensor>> {
+pub fn core_inputs(
+    shape: AttentionShape,
+    layout: CoreLayout,
+    len: usize,
+    seed: u64,
+) -> Result<Vec<NamedTensor>> {
     let dims = match layout {
         CoreLayout::FourD => vec![1, shape.heads, len, shape.head_dim],
         CoreLayout::ThreeD => vec![1, len, shape.hidden()],
@@ -55,7 +73,11 @@ pub fn core_inputs(shape: AttentionShape, layout: CoreLayout, len: usize, seed: 
 
 /// Fuses `model` and fails unless exactly `expected_blocks` attention blocks were fused: a
 /// "fused" benchmark that fused nothing would silently time the unfused graph.
-pub fn fuse_expecting(model: &ModelProto, expected_blocks: usize, what: &str) -> Result<ModelProto> {
+pub fn fuse_expecting(
+    model: &ModelProto,
+    expected_blocks: usize,
+    what: &str,
+) -> Result<ModelProto> {
     let fused = fuse(model, &FusionOptions::default()).with_context(|| format!("fusing {what}"))?;
     let got = fused.report.blocks.len();
     if got != expected_blocks {
@@ -69,7 +91,11 @@ pub fn fuse_expecting(model: &ModelProto, expected_blocks: usize, what: &str) ->
 
 /// Largest `|a − b|` between the first outputs of two runs, failing if shapes differ or the
 /// values are outside attnrt's default tolerance (the fused and unfused paths must agree).
-pub fn check_same_output(actual: &[NamedTensor], reference: &[NamedTensor], what: &str) -> Result<f64> {
+pub fn check_same_output(
+    actual: &[NamedTensor],
+    reference: &[NamedTensor],
+    what: &str,
+) -> Result<f64> {
     let (a, r) = match (actual.first(), reference.first()) {
         (Some(a), Some(r)) => (a, r),
         _ => bail!("{what}: a run produced no output"),
@@ -87,7 +113,12 @@ pub fn check_same_output(actual: &[NamedTensor], reference: &[NamedTensor], what
 
 /// Builds a session for `model` on `inputs`, naming the model in errors (the same path as
 /// `attnrt run`: shapes come from the given inputs, declared `value_info` shapes are ignored).
-pub fn session(model: &ModelProto, inputs: &[NamedTensor], threads: &Threads, what: &str) -> Result<Session> {
+pub fn session(
+    model: &ModelProto,
+    inputs: &[NamedTensor],
+    threads: &Threads,
+    what: &str,
+) -> Result<Session> {
     Session::build(model, inputs, threads, what)
 }
 
@@ -99,7 +130,11 @@ pub fn env_list(var: &str, default: &[usize]) -> Result<Vec<usize>> {
         Ok(s) => s
             .split(',')
             .filter(|p| !p.trim().is_empty())
-            .map(|p| p.trim().parse::<usize>().with_context(|| format!("{var}={s}: '{p}' is not a number")))
+            .map(|p| {
+                p.trim()
+                    .parse::<usize>()
+                    .with_context(|| format!("{var}={s}: '{p}' is not a number"))
+            })
             .collect(),
     }
 }
@@ -163,7 +198,10 @@ pub struct Table {
 impl Table {
     /// A table with these column names.
     pub fn new(header: &[&str]) -> Self {
-        Table { header: header.iter().map(|s| s.to_string()).collect(), rows: Vec::new() }
+        Table {
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: Vec::new(),
+        }
     }
 
     /// Adds a row (cells beyond the header are kept; missing ones print empty).
@@ -173,17 +211,35 @@ impl Table {
 
     /// The table as Markdown, columns padded for reading in a terminal.
     pub fn render(&self) -> String {
-        let cols = self.header.len().max(self.rows.iter().map(Vec::len).max().unwrap_or(0));
+        let cols = self
+            .header
+            .len()
+            .max(self.rows.iter().map(Vec::len).max().unwrap_or(0));
         let cell = |r: &Vec<String>, i: usize| r.get(i).cloned().unwrap_or_default();
         let width: Vec<usize> = (0..cols)
-            .map(|i| std::iter::once(&self.header).chain(&self.rows).map(|r| cell(r, i).chars().count()).max().unwrap_or(0))
+            .map(|i| {
+                std::iter::once(&self.header)
+                    .chain(&self.rows)
+                    .map(|r| cell(r, i).chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
             .collect();
         let line = |r: &Vec<String>| {
-            let cells: Vec<String> = (0..cols).map(|i| format!("{:<w$}", cell(r, i), w = width[i])).collect();
+            let cells: Vec<String> = (0..cols)
+                .map(|i| format!("{:<w$}", cell(r, i), w = width[i]))
+                .collect();
             format!("| {} |", cells.join(" | "))
         };
         let mut out = vec![line(&self.header)];
-        out.push(format!("|{}|", width.iter().map(|w| "-".repeat(w + 2)).collect::<Vec<_>>().join("|")));
+        out.push(format!(
+            "|{}|",
+            width
+                .iter()
+                .map(|w| "-".repeat(w + 2))
+                .collect::<Vec<_>>()
+                .join("|")
+        ));
         out.extend(self.rows.iter().map(line));
         out.join("\n")
     }
@@ -202,11 +258,16 @@ pub fn machine_note() -> String {
         .and_then(|s| s.split_whitespace().next().map(str::to_string))
         .unwrap_or_else(|| "?".into());
     let busy = busy_processes();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     if busy.is_empty() {
         format!("{cores} cores, load average (1 min) {load}, no rustc/cargo build running")
     } else {
-        format!("{cores} cores, load average (1 min) {load}; WARNING: also running: {}", busy.join(", "))
+        format!(
+            "{cores} cores, load average (1 min) {load}; WARNING: also running: {}",
+            busy.join(", ")
+        )
     }
 }
 
@@ -232,18 +293,32 @@ mod tests {
 
     fn run(model: &ModelProto, inputs: &[NamedTensor], what: &str) -> Vec<NamedTensor> {
         let threads = Threads::new(Some(1)).unwrap();
-        session(model, inputs, &threads, what).unwrap().run(inputs).unwrap()
+        session(model, inputs, &threads, what)
+            .unwrap()
+            .run(inputs)
+            .unwrap()
     }
 
     /// The fused `Attention` node and the decomposed chain compute the same thing, in both
     /// layouts: otherwise the core benchmark would compare different work.
     #[test]
     fn attention_core_graphs_agree() {
-        let shape = AttentionShape { heads: 3, head_dim: 8 };
+        let shape = AttentionShape {
+            heads: 3,
+            head_dim: 8,
+        };
         for layout in [CoreLayout::FourD, CoreLayout::ThreeD] {
             let inputs = core_inputs(shape, layout, 17, 5).unwrap();
-            let fused = run(&graphs::attention_op_model(shape, layout).unwrap(), &inputs, "fused");
-            let chain = run(&graphs::attention_chain_model(shape, layout).unwrap(), &inputs, "chain");
+            let fused = run(
+                &graphs::attention_op_model(shape, layout).unwrap(),
+                &inputs,
+                "fused",
+            );
+            let chain = run(
+                &graphs::attention_chain_model(shape, layout).unwrap(),
+                &inputs,
+                "chain",
+            );
             let d = check_same_output(&fused, &chain, "core").unwrap();
             assert!(d < 1e-5, "{layout:?}: {d}");
             let dims = match layout {
@@ -258,41 +333,74 @@ mod tests {
     /// fused models give the unfused outputs.
     #[test]
     fn benchmark_graphs_fuse_and_agree() {
-        let shape = AttentionShape { heads: 2, head_dim: 8 };
+        let shape = AttentionShape {
+            heads: 2,
+            head_dim: 8,
+        };
         let chain = graphs::attention_chain_model(shape, CoreLayout::ThreeD).unwrap();
         fuse_expecting(&chain, 1, "core chain").unwrap();
 
         let layer = graphs::mha_layer_model(shape, 7).unwrap();
         let fused = fuse_expecting(&layer, 1, "mha layer").unwrap();
         let x = vec![random_input("x", &[1, 11, 16], 3).unwrap()];
-        let d = check_same_output(&run(&fused, &x, "fused"), &run(&layer, &x, "unfused"), "mha").unwrap();
+        let d = check_same_output(
+            &run(&fused, &x, "fused"),
+            &run(&layer, &x, "unfused"),
+            "mha",
+        )
+        .unwrap();
         assert!(d < 1e-4, "{d}");
 
-        let enc = graphs::bert_encoder_model(EncoderShape { attention: shape, layers: 2, ffn: 32 }, 9).unwrap();
+        let enc = graphs::bert_encoder_model(
+            EncoderShape {
+                attention: shape,
+                layers: 2,
+                ffn: 32,
+            },
+            9,
+        )
+        .unwrap();
         let fused = fuse_expecting(&enc, 2, "encoder").unwrap();
         let mut mask = vec![0f32; 11];
         mask[9] = -10000.0;
         mask[10] = -10000.0;
         let inputs = vec![
             random_input("x", &[1, 11, 16], 4).unwrap(),
-            NamedTensor { name: "mask_bias".into(), tensor: Tensor::from_shape(&[1, 1, 1, 11], &mask).unwrap() },
+            NamedTensor {
+                name: "mask_bias".into(),
+                tensor: Tensor::from_shape(&[1, 1, 1, 11], &mask).unwrap(),
+            },
         ];
-        let d = check_same_output(&run(&fused, &inputs, "fused"), &run(&enc, &inputs, "unfused"), "encoder").unwrap();
+        let d = check_same_output(
+            &run(&fused, &inputs, "fused"),
+            &run(&enc, &inputs, "unfused"),
+            "encoder",
+        )
+        .unwrap();
         assert!(d < 1e-4, "{d}");
     }
 
     /// A wrong fusion count is an error, not a silently unfused "fused" benchmark.
     #[test]
     fn fuse_expecting_rejects_a_wrong_count() {
-        let shape = AttentionShape { heads: 2, head_dim: 8 };
+        let shape = AttentionShape {
+            heads: 2,
+            head_dim: 8,
+        };
         let layer = graphs::mha_layer_model(shape, 7).unwrap();
         let err = fuse_expecting(&layer, 2, "mha layer").unwrap_err();
-        assert!(format!("{err:#}").contains("1 block(s) fused, expected 2"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("1 block(s) fused, expected 2"),
+            "{err:#}"
+        );
     }
 
     #[test]
     fn helpers() {
-        assert_eq!(attention_flops(1, 12, 2048, 2048, 64), 4.0 * 12.0 * 2048.0 * 2048.0 * 64.0);
+        assert_eq!(
+            attention_flops(1, 12, 2048, 2048, 64),
+            4.0 * 12.0 * 2048.0 * 2048.0 * 64.0
+        );
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         if cfg!(target_os = "linux") {
             let a = process_cpu_seconds().unwrap();

@@ -13,7 +13,9 @@ use serde_json::Value;
 
 /// The script's path in this checkout.
 pub fn script_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("python").join("ort_bench.py")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("python")
+        .join("ort_bench.py")
 }
 
 /// The Python interpreter to use.
@@ -49,17 +51,32 @@ pub struct OrtResult {
 /// Runs the script for `lens` with `threads` intra-op threads and `reps` timed runs each.
 /// `Ok(None)` when the interpreter or onnxruntime is missing (a reason is printed on stderr).
 pub fn run(lens: &[usize], threads: usize, reps: usize) -> Result<Option<Vec<OrtResult>>> {
-    let lens_arg = lens.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let lens_arg = lens
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     let py = python();
     let script = script_path();
     let out = match Command::new(&py)
         .arg(&script)
-        .args(["--json", "--lens", &lens_arg, "--threads", &threads.to_string(), "--reps", &reps.to_string()])
+        .args([
+            "--json",
+            "--lens",
+            &lens_arg,
+            "--threads",
+            &threads.to_string(),
+            "--reps",
+            &reps.to_string(),
+        ])
         .output()
     {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("ONNX Runtime comparison skipped: cannot start {}: {e}", py.display());
+            eprintln!(
+                "ONNX Runtime comparison skipped: cannot start {}: {e}",
+                py.display()
+            );
             return Ok(None);
         }
     };
@@ -80,20 +97,31 @@ pub fn run(lens: &[usize], threads: usize, reps: usize) -> Result<Option<Vec<Ort
         );
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().last().context("ort_bench.py printed nothing")?;
+    let line = stdout
+        .lines()
+        .last()
+        .context("ort_bench.py printed nothing")?;
     parse(line).map(Some)
 }
 
 /// Parses the script's `--json` output.
 pub fn parse(json: &str) -> Result<Vec<OrtResult>> {
     let v: Value = serde_json::from_str(json).context("ort_bench.py output is not JSON")?;
-    let results = v["results"].as_array().context("ort_bench.py output has no 'results' array")?;
+    let results = v["results"]
+        .as_array()
+        .context("ort_bench.py output has no 'results' array")?;
     results
         .iter()
         .map(|r| {
-            let num = |k: &str| r[k].as_f64().with_context(|| format!("ort_bench.py result without numeric '{k}': {r}"));
+            let num = |k: &str| {
+                r[k].as_f64()
+                    .with_context(|| format!("ort_bench.py result without numeric '{k}': {r}"))
+            };
             Ok(OrtResult {
-                form: r["form"].as_str().context("result without 'form'")?.to_string(),
+                form: r["form"]
+                    .as_str()
+                    .context("result without 'form'")?
+                    .to_string(),
                 len: num("len")? as usize,
                 threads: num("threads")? as usize,
                 median_ms: num("median_ms")?,

@@ -94,7 +94,9 @@ pub fn float_type(dims: &[Option<i64>]) -> TypeProto {
 pub fn value(name: &str, dims: &[i64]) -> ValueInfoProto {
     ValueInfoProto {
         name: name.into(),
-        r#type: Some(float_type(&dims.iter().map(|&d| Some(d)).collect::<Vec<_>>())),
+        r#type: Some(float_type(
+            &dims.iter().map(|&d| Some(d)).collect::<Vec<_>>(),
+        )),
         ..Default::default()
     }
 }
@@ -125,7 +127,10 @@ pub fn model(graph: GraphProto) -> ModelProto {
     ModelProto {
         ir_version: 8,
         producer_name: "attnrt-hostile".into(),
-        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
         graph: Some(graph),
         ..Default::default()
     }
@@ -151,8 +156,16 @@ pub fn baseline() -> ModelProto {
 pub fn chain_model(n: usize) -> ModelProto {
     let mut nodes = Vec::with_capacity(n);
     for i in 0..n {
-        let input = if i == 0 { "x".to_string() } else { format!("t{}", i - 1) };
-        let output = if i + 1 == n { "y".to_string() } else { format!("t{i}") };
+        let input = if i == 0 {
+            "x".to_string()
+        } else {
+            format!("t{}", i - 1)
+        };
+        let output = if i + 1 == n {
+            "y".to_string()
+        } else {
+            format!("t{i}")
+        };
         let op = if i % 1000 == 999 { "Softmax" } else { "Relu" };
         nodes.push(NodeProto {
             name: format!("n{i}"),
@@ -199,7 +212,11 @@ pub fn nested_subgraphs_bytes(depth: usize) -> Vec<u8> {
     }
     .encode_to_vec();
     for level in 1..=depth {
-        let (op, attr) = if level % 2 == 1 { ("If", "then_branch") } else { ("Loop", "body") };
+        let (op, attr) = if level % 2 == 1 {
+            ("If", "then_branch")
+        } else {
+            ("Loop", "body")
+        };
         let mut attribute = AttributeProto {
             name: attr.into(),
             r#type: AttributeType::Graph as i32,
@@ -208,8 +225,13 @@ pub fn nested_subgraphs_bytes(depth: usize) -> Vec<u8> {
         .encode_to_vec();
         push_len_field(&mut attribute, 6, &graph); // AttributeProto.g = 6
         let out = format!("y{level}");
-        let mut n = node(&format!("{}_{level}", op.to_lowercase()), op, &["cond"], &[&out])
-            .encode_to_vec();
+        let mut n = node(
+            &format!("{}_{level}", op.to_lowercase()),
+            op,
+            &["cond"],
+            &[&out],
+        )
+        .encode_to_vec();
         push_len_field(&mut n, 5, &attribute); // NodeProto.attribute = 5
         let mut g = GraphProto {
             name: format!("level{level}"),
@@ -253,7 +275,10 @@ pub fn nested_subgraphs_bytes(depth: usize) -> Vec<u8> {
 /// inlining `f0` would make 2^levels nodes.
 pub fn exploding_functions(levels: usize) -> ModelProto {
     let mut m = baseline();
-    m.opset_import.push(OperatorSetIdProto { domain: "local".into(), version: 1 });
+    m.opset_import.push(OperatorSetIdProto {
+        domain: "local".into(),
+        version: 1,
+    });
     for i in 0..levels {
         let node_ = |k: usize| {
             let (inp, out) = if k == 0 { ("a", "b") } else { ("b", "c") };
@@ -277,8 +302,14 @@ pub fn exploding_functions(levels: usize) -> ModelProto {
             output: vec!["c".into()],
             node: vec![node_(0), node_(1)],
             opset_import: vec![
-                OperatorSetIdProto { domain: String::new(), version: 17 },
-                OperatorSetIdProto { domain: "local".into(), version: 1 },
+                OperatorSetIdProto {
+                    domain: String::new(),
+                    version: 17,
+                },
+                OperatorSetIdProto {
+                    domain: "local".into(),
+                    version: 1,
+                },
             ],
             ..Default::default()
         });
@@ -302,7 +333,11 @@ pub fn npy_bytes(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
         [d] => format!("({d},)"),
         _ => format!(
             "({})",
-            shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     };
     let mut header =
@@ -325,7 +360,11 @@ fn crc32(data: &[u8]) -> u32 {
     for &b in data {
         crc ^= b as u32;
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
         }
     }
     !crc
@@ -399,7 +438,10 @@ fn f32_bytes(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
 
 /// An initializer `w` of float [4] stored externally at `location`.
 fn external_initializer(location: &str, offset: u64, length: u64) -> TensorProto {
-    let entry = |k: &str, v: String| StringStringEntryProto { key: k.into(), value: v };
+    let entry = |k: &str, v: String| StringStringEntryProto {
+        key: k.into(),
+        value: v,
+    };
     TensorProto {
         name: "w".into(),
         dims: vec![4],
@@ -436,7 +478,14 @@ impl Builder {
         dir.join("model.onnx")
     }
 
-    fn add_bytes(&mut self, name: &'static str, what: &'static str, bytes: &[u8], stage: Stage, expect: &[&str]) -> PathBuf {
+    fn add_bytes(
+        &mut self,
+        name: &'static str,
+        what: &'static str,
+        bytes: &[u8],
+        stage: Stage,
+        expect: &[&str],
+    ) -> PathBuf {
         let path = self.folder(name);
         std::fs::write(&path, bytes).expect("write case");
         let mut e: Vec<String> = expect.iter().map(|s| s.to_string()).collect();
@@ -457,7 +506,14 @@ impl Builder {
         path
     }
 
-    fn add(&mut self, name: &'static str, what: &'static str, m: &ModelProto, stage: Stage, expect: &[&str]) -> PathBuf {
+    fn add(
+        &mut self,
+        name: &'static str,
+        what: &'static str,
+        m: &ModelProto,
+        stage: Stage,
+        expect: &[&str],
+    ) -> PathBuf {
         self.add_bytes(name, what, &m.encode_to_vec(), stage, expect)
     }
 
@@ -468,15 +524,26 @@ impl Builder {
 
 /// Writes every case under `dir` and returns them, in a fixed order.
 pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
-    let mut b = Builder { root: dir.to_path_buf(), cases: Vec::new() };
+    let mut b = Builder {
+        root: dir.to_path_buf(),
+        cases: Vec::new(),
+    };
     let ok = baseline();
 
     // --- Not a model at all.
-    b.add_bytes("empty_file", "a 0-byte file", &[], Stage::Load, &["empty file"]);
+    b.add_bytes(
+        "empty_file",
+        "a 0-byte file",
+        &[],
+        Stage::Load,
+        &["empty file"],
+    );
     let big = {
         let mut m = baseline();
-        m.graph.as_mut().unwrap().initializer =
-            vec![float_tensor("w", &[4], &[0.5, -0.5, 1.0, -1.0]), float_tensor("pad", &[256], &[0.25; 256])];
+        m.graph.as_mut().unwrap().initializer = vec![
+            float_tensor("w", &[4], &[0.5, -0.5, 1.0, -1.0]),
+            float_tensor("pad", &[256], &[0.25; 256]),
+        ];
         m.graph.as_mut().unwrap().node[0].input[1] = "w".into();
         m.encode_to_vec()
     };
@@ -494,7 +561,11 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         Stage::Load,
         &["not a valid ONNX model"],
     );
-    let entry = StringStringEntryProto { key: "k".into(), value: "v".into() }.encode_to_vec();
+    let entry = StringStringEntryProto {
+        key: "k".into(),
+        value: "v".into(),
+    }
+    .encode_to_vec();
     b.add_bytes(
         "protobuf_not_a_model_wire",
         "a valid protobuf of another message (StringStringEntryProto) whose field 1 has the wrong wire type for a model",
@@ -514,19 +585,46 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     // --- Header-level refusals.
     let mut m = ok.clone();
     m.ir_version = 99;
-    b.add("ir_version_unknown", "IR version 99", &m, Stage::Load, &["IR version 99"]);
+    b.add(
+        "ir_version_unknown",
+        "IR version 99",
+        &m,
+        Stage::Load,
+        &["IR version 99"],
+    );
     let mut m = ok.clone();
     m.opset_import[0].version = 99;
-    b.add("opset_unknown", "default-domain opset 99", &m, Stage::Validate, &["opset 99", "not one attnrt knows"]);
+    b.add(
+        "opset_unknown",
+        "default-domain opset 99",
+        &m,
+        Stage::Validate,
+        &["opset 99", "not one attnrt knows"],
+    );
     let mut m = ok.clone();
-    m.opset_import = vec![OperatorSetIdProto { domain: String::new(), version: 17 }];
+    m.opset_import = vec![OperatorSetIdProto {
+        domain: String::new(),
+        version: 17,
+    }];
     m.graph.as_mut().unwrap().node[1].domain = "com.example".into();
-    b.add("domain_not_imported", "a node in a domain the model does not import", &m, Stage::Validate, &["relu", "com.example"]);
+    b.add(
+        "domain_not_imported",
+        "a node in a domain the model does not import",
+        &m,
+        Stage::Validate,
+        &["relu", "com.example"],
+    );
 
     // --- Graph structure.
     let mut m = ok.clone();
     m.graph.as_mut().unwrap().node[1].input[0] = "ghost".into();
-    b.add("missing_producer", "a node reading a tensor nobody produces", &m, Stage::Validate, &["relu", "'ghost'"]);
+    b.add(
+        "missing_producer",
+        "a node reading a tensor nobody produces",
+        &m,
+        Stage::Validate,
+        &["relu", "'ghost'"],
+    );
     let mut m = ok.clone();
     {
         let g = m.graph.as_mut().unwrap();
@@ -536,42 +634,95 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
             node("tail", "Relu", &["b_out"], &["y"]),
         ];
     }
-    b.add("cycle", "two nodes feeding each other", &m, Stage::Validate, &["cycle", "cyc_a", "cyc_b"]);
+    b.add(
+        "cycle",
+        "two nodes feeding each other",
+        &m,
+        Stage::Validate,
+        &["cycle", "cyc_a", "cyc_b"],
+    );
     let mut m = ok.clone();
-    m.graph.as_mut().unwrap().node.push(node("relu_again", "Relu", &["s"], &["y"]));
-    b.add("duplicate_output", "two nodes writing the same tensor", &m, Stage::Validate, &["'y'", "produced twice", "relu_again"]);
+    m.graph
+        .as_mut()
+        .unwrap()
+        .node
+        .push(node("relu_again", "Relu", &["s"], &["y"]));
+    b.add(
+        "duplicate_output",
+        "two nodes writing the same tensor",
+        &m,
+        Stage::Validate,
+        &["'y'", "produced twice", "relu_again"],
+    );
     let mut m = ok.clone();
-    m.graph.as_mut().unwrap().output.push(value("nowhere", &[1]));
-    b.add("missing_graph_output", "a graph output nothing produces", &m, Stage::Validate, &["'nowhere'"]);
+    m.graph
+        .as_mut()
+        .unwrap()
+        .output
+        .push(value("nowhere", &[1]));
+    b.add(
+        "missing_graph_output",
+        "a graph output nothing produces",
+        &m,
+        Stage::Validate,
+        &["'nowhere'"],
+    );
     let mut m = ok.clone();
     m.graph.as_mut().unwrap().node[1].op_type = "FlashAttentionPlease".into();
-    b.add("unknown_op", "a default-domain op ONNX does not have", &m, Stage::Validate, &["relu", "FlashAttentionPlease", "not an ONNX operator"]);
+    b.add(
+        "unknown_op",
+        "a default-domain op ONNX does not have",
+        &m,
+        Stage::Validate,
+        &["relu", "FlashAttentionPlease", "not an ONNX operator"],
+    );
     let mut m = ok.clone();
     m.graph.as_mut().unwrap().node[1].op_type = "Attention".into();
-    b.add("op_newer_than_opset", "the opset-23 Attention op in an opset-17 model", &m, Stage::Validate, &["relu", "'Attention'", "opset 23"]);
+    b.add(
+        "op_newer_than_opset",
+        "the opset-23 Attention op in an opset-17 model",
+        &m,
+        Stage::Validate,
+        &["relu", "'Attention'", "opset 23"],
+    );
     let mut m = ok.clone();
     m.graph.as_mut().unwrap().node[1].op_type = String::new();
-    b.add("empty_op_type", "a node without op_type", &m, Stage::Validate, &["relu", "no op_type"]);
+    b.add(
+        "empty_op_type",
+        "a node without op_type",
+        &m,
+        Stage::Validate,
+        &["relu", "no op_type"],
+    );
 
     // --- Tensors.
     b.add(
         "raw_data_length_mismatch",
         "initializer w of dims [4, 4] holding 12 floats",
-        &with_initializer(TensorProto { raw_data: f32_bytes((0..12).map(|i| i as f32)), ..float_tensor("w", &[4, 4], &[]) }),
+        &with_initializer(TensorProto {
+            raw_data: f32_bytes((0..12).map(|i| i as f32)),
+            ..float_tensor("w", &[4, 4], &[])
+        }),
         Stage::Load,
         &["initializer 'w'", "12 float values", "need 16"],
     );
     b.add(
         "raw_data_odd_bytes",
         "initializer w with 15 bytes of raw_data (not a whole number of floats)",
-        &with_initializer(TensorProto { raw_data: vec![0; 15], ..float_tensor("w", &[4], &[]) }),
+        &with_initializer(TensorProto {
+            raw_data: vec![0; 15],
+            ..float_tensor("w", &[4], &[])
+        }),
         Stage::Load,
         &["initializer 'w'", "15 bytes"],
     );
     b.add(
         "dims_10e12_elements",
         "initializer w declaring [1000000, 1000000] floats (4 TB) with 16 bytes of data",
-        &with_initializer(TensorProto { raw_data: vec![0; 16], ..float_tensor("w", &[1_000_000, 1_000_000], &[]) }),
+        &with_initializer(TensorProto {
+            raw_data: vec![0; 16],
+            ..float_tensor("w", &[1_000_000, 1_000_000], &[])
+        }),
         Stage::Load,
         &["initializer 'w'", "more than the limit"],
     );
@@ -585,7 +736,10 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     b.add(
         "negative_dims",
         "initializer w with dims [-1, 4]",
-        &with_initializer(TensorProto { raw_data: vec![0; 16], ..float_tensor("w", &[-1, 4], &[]) }),
+        &with_initializer(TensorProto {
+            raw_data: vec![0; 16],
+            ..float_tensor("w", &[-1, 4], &[])
+        }),
         Stage::Load,
         &["initializer 'w'", "negative dimension -1"],
     );
@@ -595,7 +749,10 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         NodeProto {
             attribute: vec![attnrt_onnx::attr::make_tensor(
                 "value",
-                TensorProto { raw_data: vec![0; 8], ..float_tensor("c", &[1_000_000, 1_000_000], &[]) },
+                TensorProto {
+                    raw_data: vec![0; 8],
+                    ..float_tensor("c", &[1_000_000, 1_000_000], &[])
+                },
             )],
             ..node("huge_const", "Constant", &[], &["c"])
         },
@@ -612,9 +769,18 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     let mut m = ok.clone();
     m.graph.as_mut().unwrap().node[1].name = "NAME_PLACEHOLDER".into();
     let mut bytes = m.encode_to_vec();
-    let at = bytes.windows(16).position(|w| w == b"NAME_PLACEHOLDER").expect("placeholder present");
+    let at = bytes
+        .windows(16)
+        .position(|w| w == b"NAME_PLACEHOLDER")
+        .expect("placeholder present");
     bytes[at..at + 4].copy_from_slice(&[0xff, 0xfe, 0xc0, 0x80]);
-    b.add_bytes("non_utf8_node_name", "a node name with bytes FF FE C0 80", &bytes, Stage::Load, &["not UTF-8", "NodeProto.name"]);
+    b.add_bytes(
+        "non_utf8_node_name",
+        "a node name with bytes FF FE C0 80",
+        &bytes,
+        Stage::Load,
+        &["not UTF-8", "NodeProto.name"],
+    );
 
     // --- External data.
     b.add(
@@ -631,13 +797,26 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         Stage::Load,
         &["initializer 'w'", "'../secret.bin'", "'..'"],
     );
-    std::fs::write(model_path.parent().unwrap().parent().unwrap().join("secret.bin"), f32_bytes([9.0; 4])).unwrap();
+    std::fs::write(
+        model_path
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("secret.bin"),
+        f32_bytes([9.0; 4]),
+    )
+    .unwrap();
     let model_path = b.add(
         "external_symlink_out",
         "external data location link.bin, a symlink to a file outside the model's folder",
         &with_initializer(external_initializer("link.bin", 0, 16)),
         Stage::Load,
-        &["initializer 'w'", "'link.bin'", "outside the model's folder"],
+        &[
+            "initializer 'w'",
+            "'link.bin'",
+            "outside the model's folder",
+        ],
     );
     {
         let dir = model_path.parent().unwrap();
@@ -674,7 +853,10 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     b.add(
         "external_10e12",
         "external tensor declaring 10^12 floats",
-        &with_initializer(TensorProto { dims: vec![1_000_000, 1_000_000], ..external_initializer("w.bin", 0, 4_000_000_000_000) }),
+        &with_initializer(TensorProto {
+            dims: vec![1_000_000, 1_000_000],
+            ..external_initializer("w.bin", 0, 4_000_000_000_000)
+        }),
         Stage::Load,
         &["initializer 'w'", "more than the limit"],
     );
@@ -690,7 +872,13 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     let mut m = exploding_functions(2);
     m.functions[1].node[0].op_type = "f0".into();
     m.functions[1].node[0].domain = "local".into();
-    b.add("function_recursion", "model-local functions f0 → f1 → f0", &m, Stage::Validate, &["calls itself"]);
+    b.add(
+        "function_recursion",
+        "model-local functions f0 → f1 → f0",
+        &m,
+        Stage::Validate,
+        &["calls itself"],
+    );
 
     // --- Nesting.
     b.add_bytes(
@@ -711,7 +899,13 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     b.last().cli = false; // no --max-subgraph-depth flag; the 5000-deep case covers the CLI
 
     // --- Limits.
-    b.add("model_over_size_limit", "the baseline model with --max-model-bytes 64", &ok, Stage::Load, &["over the model size limit of 64 bytes"]);
+    b.add(
+        "model_over_size_limit",
+        "the baseline model with --max-model-bytes 64",
+        &ok,
+        Stage::Load,
+        &["over the model size limit of 64 bytes"],
+    );
     b.last().limits.max_model_bytes = 64;
     b.last().run_args = vec!["--max-model-bytes".into(), "64".into()];
     b.add(
@@ -737,26 +931,43 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     let mut m = ok.clone();
     {
         let g = m.graph.as_mut().unwrap();
-        g.initializer.push(int_tensor("big_shape", &[2], &[1_000_000, 1_000_000]));
-        g.node.push(node("fill", "ConstantOfShape", &["big_shape"], &["filled"]));
-        g.output.push(ValueInfoProto { name: "filled".into(), ..Default::default() });
+        g.initializer
+            .push(int_tensor("big_shape", &[2], &[1_000_000, 1_000_000]));
+        g.node
+            .push(node("fill", "ConstantOfShape", &["big_shape"], &["filled"]));
+        g.output.push(ValueInfoProto {
+            name: "filled".into(),
+            ..Default::default()
+        });
     }
     b.add(
         "constant_of_shape_10e12",
         "ConstantOfShape of an initializer shape [10^6, 10^6] (4 TB)",
         &m,
         Stage::Allocation,
-        &["fill", "ConstantOfShape", "'filled'", "1000000000000 elements"],
+        &[
+            "fill",
+            "ConstantOfShape",
+            "'filled'",
+            "1000000000000 elements",
+        ],
     );
     let mut m = ok.clone();
     {
         let g = m.graph.as_mut().unwrap();
         g.node.push(NodeProto {
-            attribute: vec![attnrt_onnx::attr::make_ints("value_ints", &[1_000_000, 1_000_000, 1, 4])],
+            attribute: vec![attnrt_onnx::attr::make_ints(
+                "value_ints",
+                &[1_000_000, 1_000_000, 1, 4],
+            )],
             ..node("shape_const", "Constant", &[], &["big_shape"])
         });
-        g.node.push(node("grow", "Expand", &["y", "big_shape"], &["expanded"]));
-        g.output.push(ValueInfoProto { name: "expanded".into(), ..Default::default() });
+        g.node
+            .push(node("grow", "Expand", &["y", "big_shape"], &["expanded"]));
+        g.output.push(ValueInfoProto {
+            name: "expanded".into(),
+            ..Default::default()
+        });
     }
     b.add(
         "expand_10e12",
@@ -776,22 +987,70 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     );
 
     // --- Input files (`attnrt run` only).
-    let model_path = b.add("npy_wrong_dtype", "--input x=x.npy holding int64 for a float input", &ok, Stage::Inputs, &["x.npy", "'x'"]);
+    let model_path = b.add(
+        "npy_wrong_dtype",
+        "--input x=x.npy holding int64 for a float input",
+        &ok,
+        Stage::Inputs,
+        &["x.npy", "'x'"],
+    );
     let dir = model_path.parent().unwrap().to_path_buf();
     std::fs::write(dir.join("x.npy"), npy_bytes("<i8", &[2, 4], &[0u8; 64])).unwrap();
-    b.last().run_args = vec!["--input".into(), format!("x={}", dir.join("x.npy").display())];
-    let model_path = b.add("npy_wrong_shape", "--input x=x.npy of shape [3, 3] for x [2, 4]", &ok, Stage::Inputs, &["x.npy", "'x'", "[3, 3]"]);
+    b.last().run_args = vec![
+        "--input".into(),
+        format!("x={}", dir.join("x.npy").display()),
+    ];
+    let model_path = b.add(
+        "npy_wrong_shape",
+        "--input x=x.npy of shape [3, 3] for x [2, 4]",
+        &ok,
+        Stage::Inputs,
+        &["x.npy", "'x'", "[3, 3]"],
+    );
     let dir = model_path.parent().unwrap().to_path_buf();
-    std::fs::write(dir.join("x.npy"), npy_bytes("<f4", &[3, 3], &f32_bytes([1.0; 9]))).unwrap();
-    b.last().run_args = vec!["--input".into(), format!("x={}", dir.join("x.npy").display())];
-    let model_path = b.add("npy_truncated", "--input x=x.npy whose data stops after 3 of 8 floats", &ok, Stage::Inputs, &["x.npy", "'x'"]);
+    std::fs::write(
+        dir.join("x.npy"),
+        npy_bytes("<f4", &[3, 3], &f32_bytes([1.0; 9])),
+    )
+    .unwrap();
+    b.last().run_args = vec![
+        "--input".into(),
+        format!("x={}", dir.join("x.npy").display()),
+    ];
+    let model_path = b.add(
+        "npy_truncated",
+        "--input x=x.npy whose data stops after 3 of 8 floats",
+        &ok,
+        Stage::Inputs,
+        &["x.npy", "'x'"],
+    );
     let dir = model_path.parent().unwrap().to_path_buf();
-    std::fs::write(dir.join("x.npy"), npy_bytes("<f4", &[2, 4], &f32_bytes([1.0; 3]))).unwrap();
-    b.last().run_args = vec!["--input".into(), format!("x={}", dir.join("x.npy").display())];
-    let model_path = b.add("npz_missing_input", "--input-npz holding only an array 'other'", &ok, Stage::Inputs, &["in.npz", "'x'"]);
+    std::fs::write(
+        dir.join("x.npy"),
+        npy_bytes("<f4", &[2, 4], &f32_bytes([1.0; 3])),
+    )
+    .unwrap();
+    b.last().run_args = vec![
+        "--input".into(),
+        format!("x={}", dir.join("x.npy").display()),
+    ];
+    let model_path = b.add(
+        "npz_missing_input",
+        "--input-npz holding only an array 'other'",
+        &ok,
+        Stage::Inputs,
+        &["in.npz", "'x'"],
+    );
     let dir = model_path.parent().unwrap().to_path_buf();
-    std::fs::write(dir.join("in.npz"), npz_bytes(&[("other", npy_bytes("<f4", &[2, 4], &f32_bytes([1.0; 8])))])).unwrap();
-    b.last().run_args = vec!["--input-npz".into(), dir.join("in.npz").display().to_string()];
+    std::fs::write(
+        dir.join("in.npz"),
+        npz_bytes(&[("other", npy_bytes("<f4", &[2, 4], &f32_bytes([1.0; 8])))]),
+    )
+    .unwrap();
+    b.last().run_args = vec![
+        "--input-npz".into(),
+        dir.join("in.npz").display().to_string(),
+    ];
 
     b.cases
 }

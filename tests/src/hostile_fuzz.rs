@@ -63,9 +63,13 @@ pub fn fuzz_one(data: &[u8], dir: &Path) -> Reached {
         panic!("fusion produced an invalid model: {e}");
     }
     let bytes = fused.model.encode_to_vec();
-    let again = attnrt_onnx::ModelProto::decode(bytes.as_slice()).expect("re-decoding the fused model");
+    let again =
+        attnrt_onnx::ModelProto::decode(bytes.as_slice()).expect("re-decoding the fused model");
     // Compared as bytes: a NaN attribute makes the models unequal to themselves.
-    assert!(again.encode_to_vec() == bytes, "the fused model does not round-trip");
+    assert!(
+        again.encode_to_vec() == bytes,
+        "the fused model does not round-trip"
+    );
     let _ = fused.report.summary_lines();
     let _ = fused.report.explain_lines();
     if fused.report.blocks.is_empty() {

@@ -21,7 +21,9 @@ fn refusal(case: &HostileCase) -> Option<(Stage, String)> {
         Err(e) => {
             let line = format!("{e:#}");
             // load_model runs the allocation check last; tell it apart by what it says.
-            let stage = if line.contains("would create tensor") || line.contains("is declared with shape") {
+            let stage = if line.contains("would create tensor")
+                || line.contains("is declared with shape")
+            {
                 Stage::Allocation
             } else {
                 Stage::Load
@@ -32,7 +34,11 @@ fn refusal(case: &HostileCase) -> Option<(Stage, String)> {
     if let Err(e) = validate_model_with(&loaded.model, &case.limits) {
         // fuse validates first: it must refuse the same model, not panic on it.
         let fused = attnrt_fusion::fuse(&loaded.model, &Default::default());
-        assert!(fused.is_err(), "{}: fuse accepted a model the validator refuses", case.name);
+        assert!(
+            fused.is_err(),
+            "{}: fuse accepted a model the validator refuses",
+            case.name
+        );
         return Some((Stage::Validate, e.to_string()));
     }
     if let Err(e) = check_static_allocation(&loaded.model, &case.limits) {
@@ -72,7 +78,11 @@ fn every_hostile_case_is_refused_where_expected_with_a_clear_line() {
             }
             Ok(Some((_, line))) if line.contains('\n') => Some("error spans several lines".into()),
             Ok(Some((_, line))) => {
-                let missing: Vec<&String> = case.expect.iter().filter(|s| !line.contains(s.as_str())).collect();
+                let missing: Vec<&String> = case
+                    .expect
+                    .iter()
+                    .filter(|s| !line.contains(s.as_str()))
+                    .collect();
                 (!missing.is_empty()).then(|| format!("error lacks {missing:?}"))
             }
         };
@@ -80,7 +90,10 @@ fn every_hostile_case_is_refused_where_expected_with_a_clear_line() {
         // proportional to a declared (hostile) size.
         let problem = problem.or_else(|| (ms > 5_000.0).then(|| format!("took {ms:.0} ms")));
         let shown = match &outcome {
-            Ok(Some((stage, line))) => format!("{stage:?} | {}", line.replace(dir.path().to_str().unwrap(), "…")),
+            Ok(Some((stage, line))) => format!(
+                "{stage:?} | {}",
+                line.replace(dir.path().to_str().unwrap(), "…")
+            ),
             _ => "- | -".into(),
         };
         println!("| {} | {} | {shown} |", case.name, case.what);
@@ -88,7 +101,11 @@ fn every_hostile_case_is_refused_where_expected_with_a_clear_line() {
             failures.push(format!("{}: {p}: {outcome:?}", case.name));
         }
     }
-    assert!(failures.is_empty(), "hostile cases not refused as expected:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "hostile cases not refused as expected:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -108,7 +125,10 @@ fn the_baseline_of_the_corpus_passes_every_step() {
         limits: Limits::default(),
     };
     assert_eq!(refusal(&case), None);
-    let fused = attnrt_fusion::fuse(&load_model(&case.model, &Limits::default()).unwrap().model, &Default::default());
+    let fused = attnrt_fusion::fuse(
+        &load_model(&case.model, &Limits::default()).unwrap().model,
+        &Default::default(),
+    );
     assert!(fused.is_ok(), "{fused:?}");
 }
 
@@ -117,13 +137,24 @@ fn raising_a_limit_lets_the_case_through() {
     // Limits are limits, not bans: the refused cases load once the limit is raised.
     let dir = tempfile::tempdir().unwrap();
     let cases = hostile::write_corpus(dir.path());
-    for name in ["model_over_size_limit", "nodes_over_limit", "tensor_over_element_limit", "subgraphs_past_depth_limit"] {
+    for name in [
+        "model_over_size_limit",
+        "nodes_over_limit",
+        "tensor_over_element_limit",
+        "subgraphs_past_depth_limit",
+    ] {
         let case = cases.iter().find(|c| c.name == name).unwrap();
         assert!(load_model(&case.model, &case.limits).is_err(), "{name}");
         load_model(&case.model, &Limits::default()).unwrap_or_else(|e| panic!("{name}: {e:#}"));
     }
-    let case = cases.iter().find(|c| c.name == "constant_of_shape_10e12").unwrap();
-    let raised = Limits { max_tensor_elements: 1 << 41, ..Limits::default() };
+    let case = cases
+        .iter()
+        .find(|c| c.name == "constant_of_shape_10e12")
+        .unwrap();
+    let raised = Limits {
+        max_tensor_elements: 1 << 41,
+        ..Limits::default()
+    };
     let model = load_model(&case.model, &raised).unwrap().model;
     check_static_allocation(&model, &raised).unwrap();
     assert!(check_static_allocation(&model, &Limits::default()).is_err());
@@ -173,7 +204,11 @@ fn save_refuses_invalid_models_and_leaves_no_file() {
     let out = dir.path().join("out.onnx");
     let err = save_model(&m, &out, &SaveOptions::default()).unwrap_err();
     assert!(format!("{err:#}").contains("'ghost'"), "{err:#}");
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "something was written");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "something was written"
+    );
     // An existing file is left as it was.
     std::fs::write(&out, b"previous").unwrap();
     assert!(save_model(&m, &out, &SaveOptions::default()).is_err());
@@ -181,7 +216,10 @@ fn save_refuses_invalid_models_and_leaves_no_file() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     // A valid model replaces it.
     save_model(&hostile::baseline(), &out, &SaveOptions::default()).unwrap();
-    assert_eq!(std::fs::read(&out).unwrap(), hostile::baseline().encode_to_vec());
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        hostile::baseline().encode_to_vec()
+    );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
 
@@ -191,7 +229,12 @@ fn nested_subgraph_builder_nests() {
     let m = attnrt_onnx::ModelProto::decode(hostile::nested_subgraphs_bytes(5).as_slice()).unwrap();
     let mut g = m.graph.as_ref().unwrap();
     let mut depth = 0;
-    while let Some(sub) = g.node.first().and_then(|n| n.attribute.first()).and_then(|a| a.g.as_ref()) {
+    while let Some(sub) = g
+        .node
+        .first()
+        .and_then(|n| n.attribute.first())
+        .and_then(|a| a.g.as_ref())
+    {
         g = sub;
         depth += 1;
     }

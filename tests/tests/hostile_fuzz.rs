@@ -31,7 +31,11 @@ impl Rng {
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
     fn below(&mut self, n: usize) -> usize {
-        if n == 0 { 0 } else { (self.next() % n as u64) as usize }
+        if n == 0 {
+            0
+        } else {
+            (self.next() % n as u64) as usize
+        }
     }
     fn chance(&mut self, one_in: u64) -> bool {
         self.next() % one_in == 0
@@ -45,8 +49,17 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
         // The big BART exports make each iteration slow without covering anything new.
-        .filter(|p| std::fs::metadata(p).map(|m| m.len() < 400_000).unwrap_or(false))
-        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+        .filter(|p| {
+            std::fs::metadata(p)
+                .map(|m| m.len() < 400_000)
+                .unwrap_or(false)
+        })
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
         .collect();
     out.sort();
     let dir = tempfile::tempdir().unwrap();
@@ -54,15 +67,39 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         if case.name.starts_with("subgraphs_5000") || case.name == "nodes_over_limit" {
             continue; // big, and their point is the size, which mutation cannot improve
         }
-        out.push((format!("corpus:{}", case.name), std::fs::read(&case.model).unwrap()));
+        out.push((
+            format!("corpus:{}", case.name),
+            std::fs::read(&case.model).unwrap(),
+        ));
     }
     out
 }
 
 const OPS: &[&str] = &[
-    "Softmax", "MatMul", "Transpose", "Reshape", "Mul", "Div", "Add", "Where", "Cast", "Attention",
-    "Sqrt", "Shape", "Gather", "Unsqueeze", "Concat", "Expand", "Split", "Slice", "Identity",
-    "ConstantOfShape", "If", "Constant", "Gemm", "Squeeze",
+    "Softmax",
+    "MatMul",
+    "Transpose",
+    "Reshape",
+    "Mul",
+    "Div",
+    "Add",
+    "Where",
+    "Cast",
+    "Attention",
+    "Sqrt",
+    "Shape",
+    "Gather",
+    "Unsqueeze",
+    "Concat",
+    "Expand",
+    "Split",
+    "Slice",
+    "Identity",
+    "ConstantOfShape",
+    "If",
+    "Constant",
+    "Gemm",
+    "Squeeze",
 ];
 
 /// Names of every tensor the graph mentions.
@@ -150,9 +187,11 @@ fn mutate_model(m: &mut ModelProto, rng: &mut Rng) {
                 if let Some(shape) = tt.shape.as_mut() {
                     if !shape.dim.is_empty() {
                         let d = rng.below(shape.dim.len());
-                        shape.dim[d].value = Some(attnrt_onnx::proto::tensor_shape_proto::dimension::Value::DimValue(
-                            [0i64, 1, -3, 5, 64, 1 << 40][rng.below(6)],
-                        ));
+                        shape.dim[d].value = Some(
+                            attnrt_onnx::proto::tensor_shape_proto::dimension::Value::DimValue(
+                                [0i64, 1, -3, 5, 64, 1 << 40][rng.below(6)],
+                            ),
+                        );
                     }
                 }
                 tt.elem_type = [1, 7, 10, 16, 0, 99][rng.below(6)];
@@ -168,7 +207,11 @@ fn mutate_model(m: &mut ModelProto, rng: &mut Rng) {
         }
         _ if n > 0 => {
             let node = &mut g.node[rng.below(n)];
-            node.input.push(if all.is_empty() { String::new() } else { all[rng.below(all.len())].clone() });
+            node.input.push(if all.is_empty() {
+                String::new()
+            } else {
+                all[rng.below(all.len())].clone()
+            });
         }
         _ => {}
     }
@@ -218,11 +261,19 @@ fn findings_dir() -> PathBuf {
 
 #[test]
 fn mutated_models_never_panic() {
-    let secs: u64 = std::env::var("ATTNRT_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(8);
-    let seed: u64 = std::env::var("ATTNRT_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let secs: u64 = std::env::var("ATTNRT_FUZZ_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8);
+    let seed: u64 = std::env::var("ATTNRT_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     let seeds = seeds();
-    let decoded: Vec<Option<ModelProto>> =
-        seeds.iter().map(|(_, b)| ModelProto::decode(b.as_slice()).ok()).collect();
+    let decoded: Vec<Option<ModelProto>> = seeds
+        .iter()
+        .map(|(_, b)| ModelProto::decode(b.as_slice()).ok())
+        .collect();
     let empty = tempfile::tempdir().unwrap();
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -234,7 +285,11 @@ fn mutated_models_never_panic() {
     let mut runs = 0usize;
     // Every seed once unmutated, then mutations until the deadline.
     while runs < seeds.len() || Instant::now() < deadline {
-        let k = if runs < seeds.len() { runs } else { rng.below(seeds.len()) };
+        let k = if runs < seeds.len() {
+            runs
+        } else {
+            rng.below(seeds.len())
+        };
         let (seed_name, seed_bytes) = &seeds[k];
         let input: Vec<u8> = if runs < seeds.len() {
             seed_bytes.clone()
@@ -272,10 +327,21 @@ fn mutated_models_never_panic() {
         }
     }
     std::panic::set_hook(hook);
-    println!("fuzz: seed {seed}, {secs} s, {runs} inputs, {} seeds; outcomes {reached:?}", seeds.len());
-    assert!(findings.is_empty(), "{} panicking input(s):\n{}", findings.len(), findings.join("\n"));
+    println!(
+        "fuzz: seed {seed}, {secs} s, {runs} inputs, {} seeds; outcomes {reached:?}",
+        seeds.len()
+    );
+    assert!(
+        findings.is_empty(),
+        "{} panicking input(s):\n{}",
+        findings.len(),
+        findings.join("\n")
+    );
     // The harness must reach fusion, or it tests only the decoder.
-    assert!(reached.get(&Reached::FusedBlocks).copied().unwrap_or(0) > 0, "no input reached a fused block: {reached:?}");
+    assert!(
+        reached.get(&Reached::FusedBlocks).copied().unwrap_or(0) > 0,
+        "no input reached a fused block: {reached:?}"
+    );
 }
 
 /// Inputs the fuzzers found (and the cargo-fuzz corpus seeds kept in the repo) stay fixed:
@@ -284,7 +350,9 @@ fn mutated_models_never_panic() {
 fn fuzz_regressions_stay_fixed() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions");
     let empty = tempfile::tempdir().unwrap();
-    let Ok(entries) = std::fs::read_dir(&dir) else { return };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
     for e in entries {
         let path = e.unwrap().path();
         let data = std::fs::read(&path).unwrap();

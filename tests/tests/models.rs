@@ -66,8 +66,7 @@ fn check_all(failures: &mut Vec<String>, what: &str, diffs: &[attnrt_runtime::Ou
 }
 
 fn load_npz(file: &str) -> Vec<NamedTensor> {
-    read_npz_tensors(&models_dir().join(file), 1 << 28)
-        .unwrap_or_else(|e| panic!("{file}: {e:#}"))
+    read_npz_tensors(&models_dir().join(file), 1 << 28).unwrap_or_else(|e| panic!("{file}: {e:#}"))
 }
 
 #[test]
@@ -101,9 +100,21 @@ fn fused_matches_unfused_and_pytorch_on_every_shipped_model() {
         let d_fu = diff_outputs(&fused_out, &unfused, FUSED_VS_UNFUSED);
         let d_ft = diff_outputs(&fused_out, &torch, VS_PYTORCH);
         let d_ut = diff_outputs(&unfused, &torch, VS_PYTORCH);
-        check_all(&mut failures, &format!("{} fused vs unfused", m.file), &d_fu);
-        check_all(&mut failures, &format!("{} fused vs PyTorch", m.file), &d_ft);
-        check_all(&mut failures, &format!("{} unfused vs PyTorch", m.file), &d_ut);
+        check_all(
+            &mut failures,
+            &format!("{} fused vs unfused", m.file),
+            &d_fu,
+        );
+        check_all(
+            &mut failures,
+            &format!("{} fused vs PyTorch", m.file),
+            &d_ft,
+        );
+        check_all(
+            &mut failures,
+            &format!("{} unfused vs PyTorch", m.file),
+            &d_ut,
+        );
         let want = expected_fused(&m);
         if fused.report.blocks.len() != want {
             failures.push(format!(
@@ -132,7 +143,12 @@ fn fused_matches_unfused_and_pytorch_on_every_shipped_model() {
             r.file, r.blocks, r.fused, r.fused_vs_unfused, r.fused_vs_torch, r.unfused_vs_torch
         );
     }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// The emitted models pass `onnx.checker.check_model(full_check=True)` and ONNX Runtime gives
@@ -171,7 +187,12 @@ fn emitted_models_pass_the_onnx_checker_and_onnx_runtime() {
         }
     }
     assert!(checked > 0, "no fused model was checked");
-    assert!(failures.is_empty(), "{} of {checked} failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// Fusing is deterministic: the same model gives the same bytes twice, and fusing a fused
@@ -186,7 +207,12 @@ fn fusion_is_deterministic_and_idempotent() {
             .model;
         let a = fuse(&model, &FusionOptions::default()).unwrap();
         let b = fuse(&model, &FusionOptions::default()).unwrap();
-        assert_eq!(a.model.encode_to_vec(), b.model.encode_to_vec(), "{}", m.file);
+        assert_eq!(
+            a.model.encode_to_vec(),
+            b.model.encode_to_vec(),
+            "{}",
+            m.file
+        );
         let again = fuse(&a.model, &FusionOptions::default()).unwrap();
         assert!(again.report.blocks.is_empty(), "{}: fused twice", m.file);
         *by_family.entry(m.model.clone()).or_default() += a.report.blocks.len();

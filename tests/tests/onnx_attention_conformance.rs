@@ -101,7 +101,11 @@ fn onnx_attention_node_tests() {
     let dir = cases_dir();
     let text = std::fs::read_to_string(dir.join("cases.json")).unwrap();
     let cases: Vec<Case> = serde_json::from_str(&text).unwrap();
-    assert_eq!(cases.len(), 128, "the onnx 1.22.0 wheel has 128 attention cases");
+    assert_eq!(
+        cases.len(),
+        128,
+        "the onnx 1.22.0 wheel has 128 attention cases"
+    );
     let threads = Threads::new(Some(2)).unwrap();
     let mut problems = Vec::new();
     let (mut passed, mut refused) = (0, 0);
@@ -109,9 +113,15 @@ fn onnx_attention_node_tests() {
     println!("|---|---|---|");
     for c in &cases {
         let tol = if c.dtype == "float16" {
-            Tolerance { atol: 1e-3, rtol: 1e-3 }
+            Tolerance {
+                atol: 1e-3,
+                rtol: 1e-3,
+            }
         } else {
-            Tolerance { atol: 1e-5, rtol: 1e-3 }
+            Tolerance {
+                atol: 1e-5,
+                rtol: 1e-3,
+            }
         };
         let paths: &[bool] = if c.expanded { &[false, true] } else { &[false] };
         for &fused in paths {
@@ -128,12 +138,18 @@ fn onnx_attention_node_tests() {
                     format!("pass (max abs {e:.1e})")
                 }
                 (Outcome::Pass(_), Some(_)) => {
-                    problems.push(format!("{} ({label}): passes; remove it from UNSUPPORTED", c.case));
+                    problems.push(format!(
+                        "{} ({label}): passes; remove it from UNSUPPORTED",
+                        c.case
+                    ));
                     "pass (listed as unsupported)".into()
                 }
                 (Outcome::Refused(e), Some((_, why))) => {
                     refused += 1;
-                    format!("refused as expected ({why}): {}", e.lines().next().unwrap_or(""))
+                    format!(
+                        "refused as expected ({why}): {}",
+                        e.lines().next().unwrap_or("")
+                    )
                 }
                 (Outcome::Refused(e), None) => {
                     problems.push(format!("{} ({label}): refused: {e}", c.case));
@@ -148,5 +164,10 @@ fn onnx_attention_node_tests() {
         }
     }
     println!("passed {passed}, refused as documented {refused}");
-    assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "{} problems:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
 }

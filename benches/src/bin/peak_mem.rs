@@ -21,7 +21,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use attnrt_benches::alloc::{self, CountingAlloc};
 use attnrt_benches::graphs::{attention_op_model, mha_layer_model, seeded_values};
-use attnrt_benches::{core_inputs, fuse_expecting, machine_note, random_input, session, CoreLayout, Table, BERT_BASE_ATTENTION};
+use attnrt_benches::{
+    core_inputs, fuse_expecting, machine_note, random_input, session, CoreLayout, Table,
+    BERT_BASE_ATTENTION,
+};
 use attnrt_kernels::{attention, scratch_bytes, AttentionParams, Isa, Mask, View4, ViewMut4};
 use attnrt_runtime::{NamedTensor, Threads};
 
@@ -37,7 +40,11 @@ struct Options {
 }
 
 fn parse_args() -> Result<Options> {
-    let mut o = Options { lens: vec![2048, 4096, 8192], threads: 2, skip_unfused_above: None };
+    let mut o = Options {
+        lens: vec![2048, 4096, 8192],
+        threads: 2,
+        skip_unfused_above: None,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
@@ -46,12 +53,24 @@ fn parse_args() -> Result<Options> {
                 let v = value("--lens")?;
                 o.lens = v
                     .split(',')
-                    .map(|s| s.trim().parse().with_context(|| format!("--lens {v}: '{s}' is not a number")))
+                    .map(|s| {
+                        s.trim()
+                            .parse()
+                            .with_context(|| format!("--lens {v}: '{s}' is not a number"))
+                    })
                     .collect::<Result<_>>()?;
             }
-            "--threads" => o.threads = value("--threads")?.parse().context("--threads: not a number")?,
+            "--threads" => {
+                o.threads = value("--threads")?
+                    .parse()
+                    .context("--threads: not a number")?
+            }
             "--skip-unfused-above" => {
-                o.skip_unfused_above = Some(value("--skip-unfused-above")?.parse().context("--skip-unfused-above: not a number")?)
+                o.skip_unfused_above = Some(
+                    value("--skip-unfused-above")?
+                        .parse()
+                        .context("--skip-unfused-above: not a number")?,
+                )
             }
             "--bench" => {} // cargo passes it when run through `cargo bench`
             "-h" | "--help" => {
@@ -68,7 +87,12 @@ fn parse_args() -> Result<Options> {
 }
 
 /// Heap growth at the peak of one session run (largest of two runs) and the run time.
-fn session_peak(model: &attnrt_onnx::ModelProto, inputs: &[NamedTensor], threads: &Threads, what: &str) -> Result<(usize, f64)> {
+fn session_peak(
+    model: &attnrt_onnx::ModelProto,
+    inputs: &[NamedTensor],
+    threads: &Threads,
+    what: &str,
+) -> Result<(usize, f64)> {
     let s = session(model, inputs, threads, what)?;
     let mut worst = 0;
     let mut ms = f64::INFINITY;
@@ -99,7 +123,9 @@ fn kernel_peak(len: usize, threads: usize) -> Result<usize> {
         let k = View4::from_bshd(&data[1], 1, len, h, d)?;
         let v = View4::from_bshd(&data[2], 1, len, h, d)?;
         let mut o = ViewMut4::from_bshd(&mut out, 1, len, h, d)?;
-        let (r, grew) = alloc::measure(|| threads.install(|| attention(&q, &k, &v, &Mask::None, &params, &mut o)));
+        let (r, grew) = alloc::measure(|| {
+            threads.install(|| attention(&q, &k, &v, &Mask::None, &params, &mut o))
+        });
         r.context("kernel")?;
         worst = worst.max(grew);
     }
@@ -121,15 +147,27 @@ fn main() -> Result<()> {
         machine_note()
     );
     let mut table = Table::new(&[
-        "L", "MHA fused MB", "MHA unfused MB", "unfused/fused", "Attention op only MB", "kernel scratch MB",
-        "L² scores MB (1 matrix)", "fused run ms", "unfused run ms",
+        "L",
+        "MHA fused MB",
+        "MHA unfused MB",
+        "unfused/fused",
+        "Attention op only MB",
+        "kernel scratch MB",
+        "L² scores MB (1 matrix)",
+        "fused run ms",
+        "unfused run ms",
     ]);
     for &len in &opts.lens {
         let x = vec![random_input("x", &[1, len, shape.hidden()], 5)?];
         let (f, f_ms) = session_peak(&fused, &x, &threads, &format!("fused L={len}"))?;
         let u = match opts.skip_unfused_above {
             Some(max) if len > max => None,
-            _ => Some(session_peak(&unfused, &x, &threads, &format!("unfused L={len}"))?),
+            _ => Some(session_peak(
+                &unfused,
+                &x,
+                &threads,
+                &format!("unfused L={len}"),
+            )?),
         };
         let qkv = core_inputs(shape, CoreLayout::ThreeD, len, 1)?;
         let (op, _) = session_peak(&op_only, &qkv, &threads, &format!("Attention op L={len}"))?;
@@ -140,7 +178,9 @@ fn main() -> Result<()> {
             len.to_string(),
             format!("{:.1}", f as f64 / MB),
             u.map_or("skipped".into(), |(u, _)| format!("{:.1}", u as f64 / MB)),
-            u.map_or("–".into(), |(u, _)| format!("{:.1}", u as f64 / f.max(1) as f64)),
+            u.map_or("–".into(), |(u, _)| {
+                format!("{:.1}", u as f64 / f.max(1) as f64)
+            }),
             format!("{:.1}", op as f64 / MB),
             format!("{:.2}", k as f64 / MB),
             format!("{scores:.0}"),

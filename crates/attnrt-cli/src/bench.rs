@@ -47,11 +47,21 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let name = args.model.display().to_string();
     let prepared = args.input.prepare(&loaded, &limits)?;
     let threads = threads(args.threads)?;
-    let fused = attnrt_fusion::fuse(&loaded.model, &FusionOptions { strict: args.strict })
-        .with_context(|| format!("{name}: fusion failed"))?;
+    let fused = attnrt_fusion::fuse(
+        &loaded.model,
+        &FusionOptions {
+            strict: args.strict,
+        },
+    )
+    .with_context(|| format!("{name}: fusion failed"))?;
     let blocks = fused.report.blocks.len();
 
-    let fused_session = Session::build(&fused.model, &prepared.tensors, &threads, &format!("fused {name}"))?;
+    let fused_session = Session::build(
+        &fused.model,
+        &prepared.tensors,
+        &threads,
+        &format!("fused {name}"),
+    )?;
     let unfused_session = Session::build(&loaded.model, &prepared.tensors, &threads, &name)?;
 
     let total = 2 * (args.warmup + args.reps) as u64;
@@ -62,9 +72,21 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_message("fused");
-    let fused_t = time_session(&fused_session, &prepared.tensors, args.warmup, args.reps, || bar.inc(1))?;
+    let fused_t = time_session(
+        &fused_session,
+        &prepared.tensors,
+        args.warmup,
+        args.reps,
+        || bar.inc(1),
+    )?;
     bar.set_message("unfused");
-    let unfused_t = time_session(&unfused_session, &prepared.tensors, args.warmup, args.reps, || bar.inc(1))?;
+    let unfused_t = time_session(
+        &unfused_session,
+        &prepared.tensors,
+        args.warmup,
+        args.reps,
+        || bar.inc(1),
+    )?;
     bar.finish_and_clear();
 
     let speedup = unfused_t.median_ms / fused_t.median_ms;

@@ -67,11 +67,15 @@ fn parse_input(s: &str) -> Result<(String, PathBuf), String> {
 }
 
 fn parse_dim(s: &str) -> Result<(String, usize), String> {
-    let (n, v) = s.split_once('=').ok_or_else(|| format!("expected NAME=VALUE, got '{s}'"))?;
+    let (n, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=VALUE, got '{s}'"))?;
     if n.is_empty() {
         return Err(format!("expected NAME=VALUE, got '{s}'"));
     }
-    let v: usize = v.parse().map_err(|_| format!("'{v}' is not a non-negative integer"))?;
+    let v: usize = v
+        .parse()
+        .map_err(|_| format!("'{v}' is not a non-negative integer"))?;
     Ok((n.to_string(), v))
 }
 

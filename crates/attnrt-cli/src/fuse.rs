@@ -16,7 +16,12 @@ pub struct FuseArgs {
     /// The ONNX model to fuse.
     pub model: PathBuf,
     /// Where to write the fused model (never the input, unless --in-place).
-    #[arg(short = 'o', long = "output", value_name = "FILE.onnx", required_unless_present = "in_place")]
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "FILE.onnx",
+        required_unless_present = "in_place"
+    )]
     pub output: Option<PathBuf>,
     /// Overwrite the input model with the fused one (atomically).
     #[arg(long)]
@@ -52,7 +57,10 @@ fn same_file(a: &Path, b: &Path) -> bool {
 pub fn fuse(args: FuseArgs) -> Result<()> {
     let output = match (&args.output, args.in_place) {
         (Some(o), true) if !same_file(o, &args.model) => {
-            bail!("--in-place writes over the input; do not also give -o {}", o.display())
+            bail!(
+                "--in-place writes over the input; do not also give -o {}",
+                o.display()
+            )
         }
         (_, true) => args.model.clone(),
         (Some(o), false) => {
@@ -71,7 +79,8 @@ pub fn fuse(args: FuseArgs) -> Result<()> {
     }
     let limits = args.limits.limits();
     let loaded = load(&args.model, &limits)?;
-    if args.in_place && !loaded.external_files.is_empty() && args.external_data_threshold.is_none() {
+    if args.in_place && !loaded.external_files.is_empty() && args.external_data_threshold.is_none()
+    {
         // Writing inline is safe (the old data files stay untouched); say where the data went.
         eprintln!(
             "note: {} had external data ({}); the fused model stores it inline",
@@ -79,9 +88,17 @@ pub fn fuse(args: FuseArgs) -> Result<()> {
             loaded.external_files.join(", ")
         );
     }
-    let fused = attnrt_fusion::fuse(&loaded.model, &FusionOptions { strict: args.strict })
-        .with_context(|| format!("{}: fusion failed", args.model.display()))?;
-    let save = SaveOptions { external_threshold: args.external_data_threshold, skip_validation: false };
+    let fused = attnrt_fusion::fuse(
+        &loaded.model,
+        &FusionOptions {
+            strict: args.strict,
+        },
+    )
+    .with_context(|| format!("{}: fusion failed", args.model.display()))?;
+    let save = SaveOptions {
+        external_threshold: args.external_data_threshold,
+        skip_validation: false,
+    };
     attnrt_onnx::save_model(&fused.model, &output, &save)?;
 
     let mut dot_files = Vec::new();
@@ -92,7 +109,13 @@ pub fn fuse(args: FuseArgs) -> Result<()> {
             let file_name: String = b
                 .node
                 .chars()
-                .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
                 .collect();
             let path = dir.join(format!("{i:02}_{file_name}.dot"));
             attnrt_onnx::save::write_atomic(&path, text.as_bytes())?;

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use attnrt_fusion::{FusionOptions, FusionReport};
 use attnrt_runtime::{
-    diff_outputs, dtype_name, read_npz_tensors, run_once, summarize, write_npz, OutputDiff, RunResult, Tolerance,
+    diff_outputs, dtype_name, read_npz_tensors, run_once, summarize, write_npz, OutputDiff,
+    RunResult, Tolerance,
 };
 use clap::Args;
 use serde_json::json;
@@ -60,13 +61,19 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
 
 /// Runs the command; the exit code is 3 when a diff exceeds the tolerance.
 pub fn run(args: RunArgs) -> Result<ExitCode> {
-    let tol = Tolerance { atol: args.atol, rtol: args.rtol };
+    let tol = Tolerance {
+        atol: args.atol,
+        rtol: args.rtol,
+    };
     if !(tol.atol >= 0.0 && tol.rtol >= 0.0) {
         bail!("--atol and --rtol must be non-negative numbers");
     }
     if let Some(out) = &args.output {
         if same_file(out, &args.model) {
-            bail!("--output {} is the model itself; refusing to overwrite it", out.display());
+            bail!(
+                "--output {} is the model itself; refusing to overwrite it",
+                out.display()
+            );
         }
     }
     let limits = args.limits.limits();
@@ -83,21 +90,39 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         None
     } else {
         Some(
-            attnrt_fusion::fuse(&loaded.model, &FusionOptions { strict: args.strict })
-                .with_context(|| format!("{model_name}: fusion failed"))?,
+            attnrt_fusion::fuse(
+                &loaded.model,
+                &FusionOptions {
+                    strict: args.strict,
+                },
+            )
+            .with_context(|| format!("{model_name}: fusion failed"))?,
         )
     };
     let blocks = fused.as_ref().map_or(0, |f| f.report.blocks.len());
     let fused_run: Option<RunResult> = match &fused {
-        Some(f) if blocks > 0 => Some(run_once(&f.model, &prepared.tensors, &threads, &format!("fused {model_name}"))?),
+        Some(f) if blocks > 0 => Some(run_once(
+            &f.model,
+            &prepared.tensors,
+            &threads,
+            &format!("fused {model_name}"),
+        )?),
         _ => None,
     };
     let unfused_run: Option<RunResult> = if fused_run.is_none() || !args.no_diff {
-        Some(run_once(&loaded.model, &prepared.tensors, &threads, &model_name)?)
+        Some(run_once(
+            &loaded.model,
+            &prepared.tensors,
+            &threads,
+            &model_name,
+        )?)
     } else {
         None
     };
-    let primary = fused_run.as_ref().or(unfused_run.as_ref()).expect("one path ran");
+    let primary = fused_run
+        .as_ref()
+        .or(unfused_run.as_ref())
+        .expect("one path ran");
     let diffs: Option<Vec<OutputDiff>> = match (&fused_run, &unfused_run) {
         (Some(f), Some(u)) => Some(diff_outputs(&f.outputs, &u.outputs, tol)),
         _ => None,
@@ -126,7 +151,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 
     let fusion_note = match &fused {
         None => "not attempted (--no-fuse)".to_string(),
-        Some(_) if blocks == 0 => "found no attention block to fuse; ran the original graph".to_string(),
+        Some(_) if blocks == 0 => {
+            "found no attention block to fuse; ran the original graph".to_string()
+        }
         Some(_) => format!("{blocks} attention block(s) fused"),
     };
     if args.json {
@@ -134,7 +161,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             .outputs
             .iter()
             .map(|o| {
-                let d = diffs.as_ref().and_then(|ds| ds.iter().find(|d| d.name == o.name));
+                let d = diffs
+                    .as_ref()
+                    .and_then(|ds| ds.iter().find(|d| d.name == o.name));
                 json!({
                     "name": o.name,
                     "shape": o.tensor.shape(),
@@ -173,18 +202,39 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print_text(&args, &model_name, &prepared, fused.as_ref().map(|f| &f.report), &fusion_note, &threads,
-            fused_run.as_ref(), unfused_run.as_ref(), primary, diffs.as_deref(), &expect_diffs, tol, &write_notes);
+        print_text(
+            &args,
+            &model_name,
+            &prepared,
+            fused.as_ref().map(|f| &f.report),
+            &fusion_note,
+            &threads,
+            fused_run.as_ref(),
+            unfused_run.as_ref(),
+            primary,
+            diffs.as_deref(),
+            &expect_diffs,
+            tol,
+            &write_notes,
+        );
     }
     if ok {
         Ok(ExitCode::SUCCESS)
     } else {
         let mut bad: Vec<String> = Vec::new();
         if let Some(d) = &diffs {
-            bad.extend(d.iter().filter(|x| !x.ok).map(|x| format!("'{}' fused vs unfused", x.name)));
+            bad.extend(
+                d.iter()
+                    .filter(|x| !x.ok)
+                    .map(|x| format!("'{}' fused vs unfused", x.name)),
+            );
         }
         for (path, d) in &expect_diffs {
-            bad.extend(d.iter().filter(|x| !x.ok).map(|x| format!("'{}' {path} vs --expect", x.name)));
+            bad.extend(
+                d.iter()
+                    .filter(|x| !x.ok)
+                    .map(|x| format!("'{}' {path} vs --expect", x.name)),
+            );
         }
         eprintln!(
             "error: outputs differ beyond atol={} rtol={}: {}",
@@ -203,8 +253,16 @@ fn fmt_err(d: &OutputDiff) -> String {
             "max_abs={:.3e} max_rel={:.3e}{}{}",
             d.max_abs,
             d.max_rel,
-            if d.nan_mismatches > 0 { format!(" nan_mismatches={}", d.nan_mismatches) } else { String::new() },
-            if d.ok { String::new() } else { format!(" FAIL ({} elements out of tolerance)", d.mismatches) }
+            if d.nan_mismatches > 0 {
+                format!(" nan_mismatches={}", d.nan_mismatches)
+            } else {
+                String::new()
+            },
+            if d.ok {
+                String::new()
+            } else {
+                format!(" FAIL ({} elements out of tolerance)", d.mismatches)
+            }
         ),
     }
 }
@@ -228,7 +286,11 @@ fn print_text(
     println!("model: {model_name}");
     println!("dims: {}", dims_line(prepared));
     for ((name, how), t) in prepared.sources.iter().zip(&prepared.tensors) {
-        println!("input {name}: {} {:?} <- {how}", dtype_name(t.tensor.datum_type()), t.tensor.shape());
+        println!(
+            "input {name}: {} {:?} <- {how}",
+            dtype_name(t.tensor.datum_type()),
+            t.tensor.shape()
+        );
     }
     println!("fusion: {fusion_note}");
     if let Some(r) = report {
@@ -239,7 +301,11 @@ fn print_text(
         }
     }
     println!("threads: {}", threads.count());
-    let path = if fused_run.is_some() { "fused" } else { "unfused" };
+    let path = if fused_run.is_some() {
+        "fused"
+    } else {
+        "unfused"
+    };
     for o in &primary.outputs {
         let s = summarize(&o.tensor)
             .map(|s| {
@@ -248,7 +314,11 @@ fn print_text(
                     s.min,
                     s.max,
                     s.mean,
-                    if s.nan > 0 { format!(" nan={}", s.nan) } else { String::new() }
+                    if s.nan > 0 {
+                        format!(" nan={}", s.nan)
+                    } else {
+                        String::new()
+                    }
                 )
             })
             .unwrap_or_default();
@@ -264,10 +334,20 @@ fn print_text(
     }
     for (p, ds) in expect_diffs {
         for d in ds {
-            println!("  {p} vs {}: {}: {}", args.expect.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), d.name, fmt_err(d));
+            println!(
+                "  {p} vs {}: {}: {}",
+                args.expect
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                d.name,
+                fmt_err(d)
+            );
         }
     }
-    let t = |r: Option<&RunResult>| r.map(|r| format!("{:.3} ms (build {:.1} ms)", r.run_ms, r.build_ms));
+    let t = |r: Option<&RunResult>| {
+        r.map(|r| format!("{:.3} ms (build {:.1} ms)", r.run_ms, r.build_ms))
+    };
     match (t(fused_run), t(unfused_run)) {
         (Some(f), Some(u)) => println!("time: fused {f}, unfused {u}"),
         (Some(f), None) => println!("time: fused {f}"),

@@ -7,8 +7,8 @@ use std::process::{Command, Output};
 
 use attnrt_onnx::proto::{
     tensor_shape_proto::{dimension, Dimension},
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto,
-    TypeProto, ValueInfoProto,
+    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
+    ValueInfoProto,
 };
 use attnrt_onnx::{tensor::from_f32, DataType};
 use prost::Message;
@@ -75,7 +75,10 @@ fn tiny_model() -> ModelProto {
     let w: Vec<f32> = (0..12).map(|i| i as f32 * 0.25 - 1.0).collect();
     ModelProto {
         ir_version: 8,
-        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
         graph: Some(GraphProto {
             name: "tiny".into(),
             node: vec![NodeProto {
@@ -86,8 +89,16 @@ fn tiny_model() -> ModelProto {
                 ..Default::default()
             }],
             initializer: vec![from_f32("w", &[4, 3], &w)],
-            input: vec![value_info("x", DataType::Float, &["batch", "sequence", "4"])],
-            output: vec![value_info("y", DataType::Float, &["batch", "sequence", "3"])],
+            input: vec![value_info(
+                "x",
+                DataType::Float,
+                &["batch", "sequence", "4"],
+            )],
+            output: vec![value_info(
+                "y",
+                DataType::Float,
+                &["batch", "sequence", "3"],
+            )],
             ..Default::default()
         }),
         ..Default::default()
@@ -98,9 +109,17 @@ fn tiny_model() -> ModelProto {
 fn npy(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
     let shape_text = match shape.len() {
         1 => format!("({},)", shape[0]),
-        _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');
     }
@@ -113,7 +132,9 @@ fn npy(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
 }
 
 fn f32_bytes(n: usize) -> Vec<u8> {
-    (0..n).flat_map(|i| (i as f32 * 0.1).to_le_bytes()).collect()
+    (0..n)
+        .flat_map(|i| (i as f32 * 0.1).to_le_bytes())
+        .collect()
 }
 
 struct Fixture {
@@ -122,7 +143,9 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Fixture {
-        let f = Fixture { dir: tempfile::tempdir().unwrap() };
+        let f = Fixture {
+            dir: tempfile::tempdir().unwrap(),
+        };
         std::fs::write(f.path("tiny.onnx"), tiny_model().encode_to_vec()).unwrap();
         f
     }
@@ -159,7 +182,11 @@ fn truncated_model_file() {
 #[test]
 fn non_onnx_file() {
     let f = Fixture::new();
-    std::fs::write(f.path("notes.onnx"), "these are not the weights you are looking for\n").unwrap();
+    std::fs::write(
+        f.path("notes.onnx"),
+        "these are not the weights you are looking for\n",
+    )
+    .unwrap();
     let o = attnrt(&["run", &f.s("notes.onnx")]);
     assert_clean_error(&o, 1, &["notes.onnx"]);
     let o = attnrt(&["fuse", &f.s("notes.onnx"), "-o", &f.s("fused.onnx")]);
@@ -171,7 +198,14 @@ fn non_onnx_file() {
 fn unknown_input_name() {
     let f = Fixture::new();
     std::fs::write(f.path("x.npy"), npy("<f4", &[1, 2, 4], &f32_bytes(8))).unwrap();
-    let o = attnrt(&["run", &f.s("tiny.onnx"), "--input", &format!("bogus={}", f.s("x.npy")), "--output", &f.s("out.npz")]);
+    let o = attnrt(&[
+        "run",
+        &f.s("tiny.onnx"),
+        "--input",
+        &format!("bogus={}", f.s("x.npy")),
+        "--output",
+        &f.s("out.npz"),
+    ]);
     assert_clean_error(&o, 1, &["bogus", "x.npy"]);
     assert!(!f.path("out.npz").exists());
 }
@@ -180,7 +214,14 @@ fn unknown_input_name() {
 fn wrong_shape_npy() {
     let f = Fixture::new();
     std::fs::write(f.path("x.npy"), npy("<f4", &[1, 2, 5], &f32_bytes(10))).unwrap();
-    let o = attnrt(&["run", &f.s("tiny.onnx"), "--input", &format!("x={}", f.s("x.npy")), "--output", &f.s("out.npz")]);
+    let o = attnrt(&[
+        "run",
+        &f.s("tiny.onnx"),
+        "--input",
+        &format!("x={}", f.s("x.npy")),
+        "--output",
+        &f.s("out.npz"),
+    ]);
     assert_clean_error(&o, 1, &["x.npy", "'x'", "[1, 2, 5]"]);
     assert!(!f.path("out.npz").exists());
 }
@@ -190,7 +231,12 @@ fn wrong_dtype_npy() {
     let f = Fixture::new();
     let data: Vec<u8> = (0..8i64).flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(f.path("x.npy"), npy("<i8", &[1, 2, 4], &data)).unwrap();
-    let o = attnrt(&["run", &f.s("tiny.onnx"), "--input", &format!("x={}", f.s("x.npy"))]);
+    let o = attnrt(&[
+        "run",
+        &f.s("tiny.onnx"),
+        "--input",
+        &format!("x={}", f.s("x.npy")),
+    ]);
     assert_clean_error(&o, 1, &["x.npy", "int64", "float32"]);
 }
 
@@ -199,7 +245,12 @@ fn truncated_npy() {
     let f = Fixture::new();
     let full = npy("<f4", &[1, 2, 4], &f32_bytes(8));
     std::fs::write(f.path("x.npy"), &full[..full.len() - 5]).unwrap();
-    let o = attnrt(&["run", &f.s("tiny.onnx"), "--input", &format!("x={}", f.s("x.npy"))]);
+    let o = attnrt(&[
+        "run",
+        &f.s("tiny.onnx"),
+        "--input",
+        &format!("x={}", f.s("x.npy")),
+    ]);
     assert_clean_error(&o, 1, &["x.npy"]);
 }
 
@@ -230,19 +281,54 @@ fn unknown_dim_and_usage_errors() {
 #[test]
 fn run_random_inputs_json_and_output_file() {
     let f = Fixture::new();
-    let o = attnrt(&["run", &f.s("tiny.onnx"), "--dim", "batch=2", "--dim", "sequence=3", "--json", "--output", &f.s("y.npz"), "--threads", "1"]);
+    let o = attnrt(&[
+        "run",
+        &f.s("tiny.onnx"),
+        "--dim",
+        "batch=2",
+        "--dim",
+        "sequence=3",
+        "--json",
+        "--output",
+        &f.s("y.npz"),
+        "--threads",
+        "1",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON object");
     assert_eq!(v["outputs"][0]["name"], "y");
     assert_eq!(v["outputs"][0]["shape"], serde_json::json!([2, 3, 3]));
     assert_eq!(v["ok"], true);
-    assert!(v["fusion_note"].as_str().unwrap().contains("no attention block"));
+    assert!(v["fusion_note"]
+        .as_str()
+        .unwrap()
+        .contains("no attention block"));
     assert!(f.path("y.npz").exists());
     // The saved outputs are their own reference: --expect passes, and a different seed fails
     // with exit code 3.
-    let o = attnrt(&["run", &f.s("tiny.onnx"), "--dim", "batch=2", "--dim", "sequence=3", "--expect", &f.s("y.npz")]);
+    let o = attnrt(&[
+        "run",
+        &f.s("tiny.onnx"),
+        "--dim",
+        "batch=2",
+        "--dim",
+        "sequence=3",
+        "--expect",
+        &f.s("y.npz"),
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let o = attnrt(&["run", &f.s("tiny.onnx"), "--dim", "batch=2", "--dim", "sequence=3", "--seed", "7", "--expect", &f.s("y.npz")]);
+    let o = attnrt(&[
+        "run",
+        &f.s("tiny.onnx"),
+        "--dim",
+        "batch=2",
+        "--dim",
+        "sequence=3",
+        "--seed",
+        "7",
+        "--expect",
+        &f.s("y.npz"),
+    ]);
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     assert!(stderr(&o).contains("'y'"));
 }
@@ -260,7 +346,11 @@ fn fuse_never_overwrites_its_input_unless_in_place() {
     assert_eq!(std::fs::read(f.path("tiny.onnx")).unwrap(), before);
     let o = attnrt(&["fuse", &f.s("tiny.onnx"), "-o", &f.s("fused.onnx")]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(stdout(&o).contains("no attention block fused"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("no attention block fused"),
+        "{}",
+        stdout(&o)
+    );
     assert!(f.path("fused.onnx").exists());
     let o = attnrt(&["fuse", &f.s("tiny.onnx"), "--in-place"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -295,7 +385,13 @@ fn shipped_mha_seed_reproduces_pytorch_outputs() {
         "1e-3",
         "--json",
     ]);
-    assert_eq!(o.status.code(), Some(0), "stdout: {}\nstderr: {}", stdout(&o), stderr(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "stdout: {}\nstderr: {}",
+        stdout(&o),
+        stderr(&o)
+    );
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["ok"], true);
     assert!(v["expect"]["unfused"][0]["ok"].as_bool().unwrap());

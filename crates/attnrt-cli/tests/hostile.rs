@@ -24,7 +24,8 @@ fn attnrt(args: &[String]) -> Output {
 
 /// A fresh folder under cargo's per-test temporary directory.
 fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hostile-{name}-{}", std::process::id()));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("hostile-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -36,15 +37,22 @@ fn clean_refusal(o: &Output, expect: &[String]) -> Option<String> {
     let err = String::from_utf8_lossy(&o.stderr);
     let lines: Vec<&str> = err.lines().collect();
     if o.status.code() != Some(1) {
-        return Some(format!("exit status {:?} (want 1); stderr: {err}", o.status));
+        return Some(format!(
+            "exit status {:?} (want 1); stderr: {err}",
+            o.status
+        ));
     }
     if lines.len() != 1 || !lines[0].starts_with("error: ") {
         return Some(format!("want one `error:` line, got: {err}"));
     }
-    if err.contains("panicked") || err.contains("internal error") || err.contains("RUST_BACKTRACE") {
+    if err.contains("panicked") || err.contains("internal error") || err.contains("RUST_BACKTRACE")
+    {
         return Some(format!("panic: {err}"));
     }
-    let missing: Vec<&String> = expect.iter().filter(|s| !lines[0].contains(s.as_str())).collect();
+    let missing: Vec<&String> = expect
+        .iter()
+        .filter(|s| !lines[0].contains(s.as_str()))
+        .collect();
     (!missing.is_empty()).then(|| format!("error lacks {missing:?}: {}", lines[0]))
 }
 
@@ -73,7 +81,10 @@ fn new_files(dir: &Path, before: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 fn listing(dir: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect()
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect()
 }
 
 #[test]
@@ -100,7 +111,12 @@ fn every_hostile_case_fails_cleanly_in_run_and_fuse() {
 
         let before = listing(&case_dir);
         let out = case_dir.join("fused.onnx");
-        let mut args = vec!["fuse".to_string(), model.clone(), "-o".into(), out.display().to_string()];
+        let mut args = vec![
+            "fuse".to_string(),
+            model.clone(),
+            "-o".into(),
+            out.display().to_string(),
+        ];
         args.extend(limit_args(case));
         let fuse = attnrt(&args);
         let fuse_shown;
@@ -140,11 +156,20 @@ fn every_hostile_case_fails_cleanly_in_run_and_fuse() {
             hide(&fuse_shown)
         );
         if case.stage == Stage::Inputs && !fuse.status.success() {
-            failures.push(format!("{}: fuse refused a valid model: {}", case.name, String::from_utf8_lossy(&fuse.stderr)));
+            failures.push(format!(
+                "{}: fuse refused a valid model: {}",
+                case.name,
+                String::from_utf8_lossy(&fuse.stderr)
+            ));
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(failures.is_empty(), "{} problem(s):\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} problem(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -164,8 +189,17 @@ fn fuse_refusing_an_invalid_model_keeps_existing_files() {
 
     let o = attnrt(&["fuse".into(), s(&model), "--in-place".into()]);
     assert_eq!(clean_refusal(&o, &["'ghost'".into()]), None);
-    assert_eq!(std::fs::read(&model).unwrap(), bad.encode_to_vec(), "the input changed");
-    assert_eq!(listing(&dir).len(), 2, "temporary files left: {:?}", listing(&dir));
+    assert_eq!(
+        std::fs::read(&model).unwrap(),
+        bad.encode_to_vec(),
+        "the input changed"
+    );
+    assert_eq!(
+        listing(&dir).len(),
+        2,
+        "temporary files left: {:?}",
+        listing(&dir)
+    );
 
     // -o naming the input itself (through another spelling) is refused without --in-place.
     let good = dir.join("good.onnx");
@@ -173,7 +207,10 @@ fn fuse_refusing_an_invalid_model_keeps_existing_files() {
     let alias = dir.join(".").join("good.onnx");
     let o = attnrt(&["fuse".into(), s(&good), "-o".into(), s(&alias)]);
     assert_eq!(clean_refusal(&o, &["--in-place".into()]), None);
-    assert_eq!(std::fs::read(&good).unwrap(), hostile::baseline().encode_to_vec());
+    assert_eq!(
+        std::fs::read(&good).unwrap(),
+        hostile::baseline().encode_to_vec()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -188,12 +225,28 @@ fn limit_flags_raise_the_limits() {
     ] {
         let case = cases.iter().find(|c| c.name == name).unwrap();
         let out = case.model.parent().unwrap().join("fused.onnx");
-        let args = vec!["fuse".to_string(), case.model.display().to_string(), "-o".into(), out.display().to_string()];
+        let args = vec![
+            "fuse".to_string(),
+            case.model.display().to_string(),
+            "-o".into(),
+            out.display().to_string(),
+        ];
         let lowered: Vec<String> = args.iter().cloned().chain(limit_args(case)).collect();
-        assert!(!attnrt(&lowered).status.success(), "{name}: refused at the lowered limit");
-        let raised: Vec<String> = args.iter().cloned().chain(raised.iter().map(|s| s.to_string())).collect();
+        assert!(
+            !attnrt(&lowered).status.success(),
+            "{name}: refused at the lowered limit"
+        );
+        let raised: Vec<String> = args
+            .iter()
+            .cloned()
+            .chain(raised.iter().map(|s| s.to_string()))
+            .collect();
         let o = attnrt(&raised);
-        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         assert!(out.exists());
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -207,7 +260,12 @@ fn fuse_of_three_hundred_thousand_nodes() {
     std::fs::write(&model, hostile::chain_model(300_000).encode_to_vec()).unwrap();
     let out = dir.join("out.onnx");
     let t = Instant::now();
-    let o = attnrt(&["fuse".into(), model.display().to_string(), "-o".into(), out.display().to_string()]);
+    let o = attnrt(&[
+        "fuse".into(),
+        model.display().to_string(),
+        "-o".into(),
+        out.display().to_string(),
+    ]);
     let took = t.elapsed();
     println!("attnrt fuse, 300k nodes: {took:?}");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -31,27 +31,44 @@ pub struct Reject {
 }
 
 fn reject(node: impl Into<String>, reason: impl Into<String>) -> Reject {
-    Reject { node: node.into(), reason: reason.into() }
+    Reject {
+        node: node.into(),
+        reason: reason.into(),
+    }
 }
 
 fn softmax_last_axis(view: &GraphView, n: &NodeProto) -> Result<(), String> {
     // Before opset 13 Softmax flattens from `axis` (default 1); axis = rank-1 is still the
     // last axis. The caller passes models with opset < 13 only with an explicit axis.
-    let axis = attr::int(n, "axis").map_err(|e| e.to_string())?.unwrap_or(-1);
+    let axis = attr::int(n, "axis")
+        .map_err(|e| e.to_string())?
+        .unwrap_or(-1);
     if axis == -1 {
         return Ok(());
     }
-    let rank = n.input.first().and_then(|i| view.rank(i)).ok_or("rank of the Softmax input is unknown")?;
+    let rank = n
+        .input
+        .first()
+        .and_then(|i| view.rank(i))
+        .ok_or("rank of the Softmax input is unknown")?;
     let axis = if axis < 0 { axis + rank as i64 } else { axis };
     if axis != rank as i64 - 1 {
-        return Err(format!("softmax over axis {axis} of a rank-{rank} tensor, not the last (key) axis"));
+        return Err(format!(
+            "softmax over axis {axis} of a rank-{rank} tensor, not the last (key) axis"
+        ));
     }
     Ok(())
 }
 
 fn same_float_cast(view: &GraphView, n: &NodeProto) -> Result<(), String> {
-    let to = attr::int(n, "to").map_err(|e| e.to_string())?.ok_or("Cast without 'to'")?;
-    let from = n.input.first().and_then(|i| view.elem_type(i)).ok_or("input type unknown")?;
+    let to = attr::int(n, "to")
+        .map_err(|e| e.to_string())?
+        .ok_or("Cast without 'to'")?;
+    let from = n
+        .input
+        .first()
+        .and_then(|i| view.elem_type(i))
+        .ok_or("input type unknown")?;
     if to as i32 != from {
         return Err(format!("casts type {from} to {to}: not a no-op"));
     }
@@ -59,7 +76,11 @@ fn same_float_cast(view: &GraphView, n: &NodeProto) -> Result<(), String> {
 }
 
 fn zero_fill(view: &GraphView, n: &NodeProto) -> Result<(), String> {
-    let v = n.input.get(1).and_then(|t| view.value(t)).and_then(|v| v.scalar_f64());
+    let v = n
+        .input
+        .get(1)
+        .and_then(|t| view.value(t))
+        .and_then(|v| v.scalar_f64());
     if v != Some(0.0) {
         return Err("NaN guard does not replace NaN by 0".into());
     }
@@ -76,11 +97,34 @@ pub fn probs() -> Pat {
     alt([
         ("softmax", softmax()),
         // ViT / LLaMA TorchScript: Softmax(dtype=float32) exports Cast→Cast to the same type.
-        ("cast-cast", op("cast2", &["Cast"], [op("cast1", &["Cast"], [softmax()]).check(same_float_cast)]).check(same_float_cast)),
-        ("cast", op("cast1", &["Cast"], [softmax()]).check(same_float_cast)),
+        (
+            "cast-cast",
+            op(
+                "cast2",
+                &["Cast"],
+                [op("cast1", &["Cast"], [softmax()]).check(same_float_cast)],
+            )
+            .check(same_float_cast),
+        ),
+        (
+            "cast",
+            op("cast1", &["Cast"], [softmax()]).check(same_float_cast),
+        ),
         // SDPA exports: Where(IsNaN(p), 0, p). NaN appears only in rows whose every key is
         // masked with -inf (or from NaN inputs); the corrected Attention spec gives 0 there too.
-        ("nan-guard", op("guard", &["Where"], [op("isnan", &["IsNaN"], [softmax()]), scalar("guard_zero"), softmax()]).check(zero_fill)),
+        (
+            "nan-guard",
+            op(
+                "guard",
+                &["Where"],
+                [
+                    op("isnan", &["IsNaN"], [softmax()]),
+                    scalar("guard_zero"),
+                    softmax(),
+                ],
+            )
+            .check(zero_fill),
+        ),
     ])
 }
 
@@ -92,16 +136,36 @@ pub fn context() -> Pat {
 /// One scale layer: `Mul(x, s)` / `Mul(s, x)` / `Div(x, s)` with `s` known before run time.
 pub fn score_scale() -> Pat {
     alt([
-        ("mul-scale", op("scale", &["Mul"], [any("inner"), scalar("factor")]).commutative()),
-        ("div-scale", op("scale", &["Div"], [any("inner"), scalar("divisor")])),
+        (
+            "mul-scale",
+            op("scale", &["Mul"], [any("inner"), scalar("factor")]).commutative(),
+        ),
+        (
+            "div-scale",
+            op("scale", &["Div"], [any("inner"), scalar("divisor")]),
+        ),
     ])
 }
 
 /// One mask layer: an additive term, or masked_fill as `Where`.
 pub fn mask_layer() -> Pat {
     alt([
-        ("where", op("mask", &["Where"], [any("cond"), scalar("fill"), any("inner")])),
-        ("where-keep", op("mask", &["Where"], [any("cond"), any("inner"), scalar("fill")])),
+        (
+            "where",
+            op(
+                "mask",
+                &["Where"],
+                [any("cond"), scalar("fill"), any("inner")],
+            ),
+        ),
+        (
+            "where-keep",
+            op(
+                "mask",
+                &["Where"],
+                [any("cond"), any("inner"), scalar("fill")],
+            ),
+        ),
         ("add", op("mask", &["Add"], [any("inner"), any("term")])),
         ("add", op("mask", &["Add"], [any("term"), any("inner")])),
     ])
@@ -113,8 +177,20 @@ pub fn scores() -> Pat {
         "qk",
         &["MatMul"],
         [
-            alt([("q-scale", op("q_scale", &["Mul"], [any("q"), scalar("q_factor")]).commutative()), ("q", any("q"))]),
-            alt([("k-scale", op("k_scale", &["Mul"], [any("kt"), scalar("k_factor")]).commutative()), ("k", any("kt"))]),
+            alt([
+                (
+                    "q-scale",
+                    op("q_scale", &["Mul"], [any("q"), scalar("q_factor")]).commutative(),
+                ),
+                ("q", any("q")),
+            ]),
+            alt([
+                (
+                    "k-scale",
+                    op("k_scale", &["Mul"], [any("kt"), scalar("k_factor")]).commutative(),
+                ),
+                ("k", any("kt")),
+            ]),
         ],
     )
 }
@@ -125,7 +201,13 @@ pub enum MaskLayer {
     /// `scores + term`.
     Add { node: usize, term: String },
     /// `Where(cond, fill, scores)` (`masked_when_true`) or `Where(cond, scores, fill)`.
-    Fill { node: usize, cond: String, fill: String, fill_value: f64, masked_when_true: bool },
+    Fill {
+        node: usize,
+        cond: String,
+        fill: String,
+        fill_value: f64,
+        masked_when_true: bool,
+    },
 }
 
 /// The attention layout the fused node will use.
@@ -193,7 +275,9 @@ fn through_transposes(view: &GraphView, t: &str, rank: usize) -> (String, Vec<i6
         if n.op_type != "Transpose" || !attnrt_onnx::opset::is_default_domain(&n.domain) {
             break;
         }
-        let Ok(Some(p1)) = attr::ints(n, "perm") else { break };
+        let Ok(Some(p1)) = attr::ints(n, "perm") else {
+            break;
+        };
         if p1.len() != rank {
             break;
         }
@@ -218,10 +302,21 @@ fn flattened_swap(view: &GraphView, t: &str) -> Option<String> {
         return None;
     }
     let x4 = &inner.input[0];
-    let (xs, fs, ts) = (view.shape(x4)?, view.shape(&inner.output[0])?, view.shape(t)?);
-    let ok = xs.len() == 4 && fs.len() == 3 && ts.len() == 4
-        && Some(&fs[0]) == xs[0].mul(&xs[1]).as_ref() && fs[1] == xs[2] && fs[2] == xs[3]
-        && ts[0] == xs[0] && ts[1] == xs[1] && ts[2] == xs[3] && ts[3] == xs[2];
+    let (xs, fs, ts) = (
+        view.shape(x4)?,
+        view.shape(&inner.output[0])?,
+        view.shape(t)?,
+    );
+    let ok = xs.len() == 4
+        && fs.len() == 3
+        && ts.len() == 4
+        && Some(&fs[0]) == xs[0].mul(&xs[1]).as_ref()
+        && fs[1] == xs[2]
+        && fs[2] == xs[3]
+        && ts[0] == xs[0]
+        && ts[1] == xs[1]
+        && ts[2] == xs[3]
+        && ts[3] == xs[2];
     ok.then(|| x4.clone())
 }
 
@@ -238,16 +333,40 @@ fn head_split(view: &GraphView, source: &str, perm: &[i64]) -> Result<(String, i
     }
     let x = &n.input[0];
     let (Some(xs), Some(rs)) = (view.shape(x), view.shape(source)) else {
-        return Err(format!("shape of {} input or output unknown", node_label(n)));
+        return Err(format!(
+            "shape of {} input or output unknown",
+            node_label(n)
+        ));
     };
     if xs.len() != 3 || rs.len() != 4 {
-        return Err(format!("{} reshapes {} to {}, not [B, L, H·D] to [B, L, H, D]", node_label(n), shape_str(xs), shape_str(rs)));
+        return Err(format!(
+            "{} reshapes {} to {}, not [B, L, H·D] to [B, L, H, D]",
+            node_label(n),
+            shape_str(xs),
+            shape_str(rs)
+        ));
     }
     let (Some(h), Some(d)) = (rs[2].as_known(), rs[3].as_known()) else {
-        return Err(format!("{}: heads/head size not static in {}", node_label(n), shape_str(rs)));
+        return Err(format!(
+            "{}: heads/head size not static in {}",
+            node_label(n),
+            shape_str(rs)
+        ));
     };
-    if xs[0] != rs[0] || xs[1] != rs[1] || !xs[2].is(h * d) {
-        return Err(format!("{} reshapes {} to {}, not [B, L, H·D] to [B, L, H, D]", node_label(n), shape_str(xs), shape_str(rs)));
+    // A hostile file can declare huge head counts; H·D that overflows cannot be a real split.
+    let Some(hd) = h.checked_mul(d) else {
+        return Err(format!(
+            "{}: heads × head size {h} × {d} overflows",
+            node_label(n)
+        ));
+    };
+    if xs[0] != rs[0] || xs[1] != rs[1] || !xs[2].is(hd) {
+        return Err(format!(
+            "{} reshapes {} to {}, not [B, L, H·D] to [B, L, H, D]",
+            node_label(n),
+            shape_str(xs),
+            shape_str(rs)
+        ));
     }
     Ok((x.clone(), h, d))
 }
@@ -283,22 +402,40 @@ fn unrepeat(view: &GraphView, k4: &str) -> Option<(String, Vec<usize>)> {
         return None;
     }
     let n = &es[2];
-    let ok = es[0] == ks[0] && es[1] == ks[1] && es[3] == ks[2] && es[4] == ks[3]
-        && os[0] == ks[0] && Some(&os[1]) == ks[1].mul(n).as_ref() && os[2] == ks[2] && os[3] == ks[3];
+    let ok = es[0] == ks[0]
+        && es[1] == ks[1]
+        && es[3] == ks[2]
+        && es[4] == ks[3]
+        && os[0] == ks[0]
+        && Some(&os[1]) == ks[1].mul(n).as_ref()
+        && os[2] == ks[2]
+        && os[3] == ks[3];
     ok.then(|| (kv.clone(), vec![r, e, u]))
 }
 
 /// Whether a mask of `mask` shape broadcasts into `scores` without enlarging it.
 fn mask_fits(mask: &[Dim], scores: &[Dim]) -> Result<(), String> {
     if mask.len() > scores.len() {
-        return Err(format!("mask rank {} exceeds scores rank {}", mask.len(), scores.len()));
+        return Err(format!(
+            "mask rank {} exceeds scores rank {}",
+            mask.len(),
+            scores.len()
+        ));
     }
     let off = scores.len() - mask.len();
     for (i, m) in mask.iter().enumerate() {
         let s = &scores[off + i];
-        let ok = m == s || m.is(1) || (s.as_known().is_some_and(|v| v > 1) && m.as_known().map_or(true, |mv| mv == s.as_known().unwrap()));
+        let ok = m == s
+            || m.is(1)
+            || (s.as_known().is_some_and(|v| v > 1)
+                && m.as_known().map_or(true, |mv| mv == s.as_known().unwrap()));
         if !ok {
-            return Err(format!("mask {} does not broadcast to scores {} (dim {} may enlarge them)", shape_str(mask), shape_str(scores), off + i));
+            return Err(format!(
+                "mask {} does not broadcast to scores {} (dim {} may enlarge them)",
+                shape_str(mask),
+                shape_str(scores),
+                off + i
+            ));
         }
     }
     Ok(())
@@ -308,7 +445,10 @@ fn mask_fits(mask: &[Dim], scores: &[Dim]) -> Result<(), String> {
 pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
     let smn = view.node(sm);
     let sm_label = node_label(smn);
-    let sm_out = smn.output.first().ok_or_else(|| reject(&sm_label, "Softmax has no output"))?;
+    let sm_out = smn
+        .output
+        .first()
+        .ok_or_else(|| reject(&sm_label, "Softmax has no output"))?;
     softmax_last_axis(view, smn).map_err(|r| reject(&sm_label, r))?;
 
     // Context: find the MatMul fed (through no-ops) by this Softmax, then match downwards-up.
@@ -327,14 +467,28 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
         }
         frontier = next;
     }
-    let ctx = ctx.ok_or_else(|| reject(&sm_label, "the Softmax output does not reach a MatMul with V (as its first input)"))?;
+    let ctx = ctx.ok_or_else(|| {
+        reject(
+            &sm_label,
+            "the Softmax output does not reach a MatMul with V (as its first input)",
+        )
+    })?;
     let ctx_out = view.node(ctx).output[0].clone();
     let mut caps = Captures::default();
-    match_tensor(view, &ctx_out, &context(), &mut caps).map_err(|f| reject(node_label(view.node(ctx)), f.reason))?;
+    match_tensor(view, &ctx_out, &context(), &mut caps)
+        .map_err(|f| reject(node_label(view.node(ctx)), f.reason))?;
     if caps.node("softmax") != Some(sm) {
-        return Err(reject(node_label(view.node(ctx)), "the context MatMul is fed by another Softmax"));
+        return Err(reject(
+            node_label(view.node(ctx)),
+            "the context MatMul is fed by another Softmax",
+        ));
     }
-    let mut tags: Vec<String> = caps.tags.iter().filter(|t| **t != "softmax").map(|t| t.to_string()).collect();
+    let mut tags: Vec<String> = caps
+        .tags
+        .iter()
+        .filter(|t| **t != "softmax")
+        .map(|t| t.to_string())
+        .collect();
     let mut core: BTreeSet<usize> = caps.nodes.values().copied().collect();
 
     // Mask and scale layers between the QK MatMul and the Softmax.
@@ -344,20 +498,37 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
     let mut scale_seen = false;
     let mut cur = caps.tensor("scores").unwrap_or_default().to_string();
     let qk_caps = loop {
-        let p = view.producer(&cur).ok_or_else(|| reject(&sm_label, format!("scores '{cur}' are not computed by a node")))?;
+        let p = view.producer(&cur).ok_or_else(|| {
+            reject(
+                &sm_label,
+                format!("scores '{cur}' are not computed by a node"),
+            )
+        })?;
         let pn = view.node(p);
         if pn.op_type == "MatMul" {
             let mut c = Captures::default();
-            match_tensor(view, &cur, &scores(), &mut c).map_err(|f| reject(node_label(pn), f.reason))?;
+            match_tensor(view, &cur, &scores(), &mut c)
+                .map_err(|f| reject(node_label(pn), f.reason))?;
             break c;
         }
         if matches!(pn.op_type.as_str(), "Mul" | "Div") {
             let mut c = Captures::default();
-            match_tensor(view, &cur, &score_scale(), &mut c).map_err(|f| reject(node_label(pn), f.reason))?;
-            let f = c.tensor("factor").or(c.tensor("divisor")).unwrap_or_default();
-            let v = view.value(f).and_then(|v| v.scalar_f64()).unwrap_or(f64::NAN);
+            match_tensor(view, &cur, &score_scale(), &mut c)
+                .map_err(|f| reject(node_label(pn), f.reason))?;
+            let f = c
+                .tensor("factor")
+                .or(c.tensor("divisor"))
+                .unwrap_or_default();
+            let v = view
+                .value(f)
+                .and_then(|v| v.scalar_f64())
+                .unwrap_or(f64::NAN);
             scale_computed |= !view.is_constant(f);
-            scale = if c.tensor("divisor").is_some() { scale / v } else { scale * v };
+            scale = if c.tensor("divisor").is_some() {
+                scale / v
+            } else {
+                scale * v
+            };
             tags.extend(c.tags.iter().map(|t| t.to_string()));
             core.insert(p);
             scale_seen = true;
@@ -366,19 +537,30 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
         }
         if matches!(pn.op_type.as_str(), "Add" | "Where") {
             if scale_seen {
-                return Err(reject(node_label(pn), "a mask applied before the scale would be scaled too"));
+                return Err(reject(
+                    node_label(pn),
+                    "a mask applied before the scale would be scaled too",
+                ));
             }
             // Which Add operand is the scores path: the one a MatMul/Mul/Div/Add/Where chain
             // reaches the QK MatMul through. Try both; the first that continues wins.
             let mut c = Captures::default();
-            match_tensor(view, &cur, &mask_layer(), &mut c).map_err(|f| reject(node_label(pn), f.reason))?;
+            match_tensor(view, &cur, &mask_layer(), &mut c)
+                .map_err(|f| reject(node_label(pn), f.reason))?;
             let inner = c.tensor("inner").unwrap_or_default().to_string();
             if c.has_tag("add") {
                 let a = &pn.input[0];
                 let b = &pn.input[1];
                 let leads = |t: &str| reaches_matmul(view, t, 6);
-                let (inner, term) = if leads(a) { (a.clone(), b.clone()) } else if leads(b) { (b.clone(), a.clone()) } else {
-                    return Err(reject(node_label(pn), "neither Add operand leads to the QK MatMul"));
+                let (inner, term) = if leads(a) {
+                    (a.clone(), b.clone())
+                } else if leads(b) {
+                    (b.clone(), a.clone())
+                } else {
+                    return Err(reject(
+                        node_label(pn),
+                        "neither Add operand leads to the QK MatMul",
+                    ));
                 };
                 masks.push(MaskLayer::Add { node: p, term });
                 core.insert(p);
@@ -386,7 +568,10 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
                 continue;
             }
             let fill = c.tensor("fill").unwrap_or_default().to_string();
-            let fill_value = view.value(&fill).and_then(|v| v.scalar_f64()).unwrap_or(f64::NAN);
+            let fill_value = view
+                .value(&fill)
+                .and_then(|v| v.scalar_f64())
+                .unwrap_or(f64::NAN);
             masks.push(MaskLayer::Fill {
                 node: p,
                 cond: c.tensor("cond").unwrap_or_default().to_string(),
@@ -398,14 +583,29 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
             cur = inner;
             continue;
         }
-        return Err(reject(node_label(pn), format!("{} between the QK MatMul and the Softmax is not a scale or mask", pn.op_type)));
+        return Err(reject(
+            node_label(pn),
+            format!(
+                "{} between the QK MatMul and the Softmax is not a scale or mask",
+                pn.op_type
+            ),
+        ));
     };
     masks.reverse();
-    tags.extend(qk_caps.tags.iter().filter(|t| !matches!(**t, "q" | "k")).map(|t| t.to_string()));
+    tags.extend(
+        qk_caps
+            .tags
+            .iter()
+            .filter(|t| !matches!(**t, "q" | "k"))
+            .map(|t| t.to_string()),
+    );
     core.extend(qk_caps.nodes.values().copied());
     for f in ["q_factor", "k_factor"] {
         if let Some(t) = qk_caps.tensor(f) {
-            let v = view.value(t).and_then(|v| v.scalar_f64()).unwrap_or(f64::NAN);
+            let v = view
+                .value(t)
+                .and_then(|v| v.scalar_f64())
+                .unwrap_or(f64::NAN);
             scale_computed |= !view.is_constant(t);
             scale *= v;
             scale_seen = true;
@@ -414,7 +614,10 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
     let qk = qk_caps.node("qk").unwrap_or(0);
     let qk_label = node_label(view.node(qk));
     if !scale.is_finite() || scale <= 0.0 {
-        return Err(reject(&qk_label, format!("scale {scale} is not a positive finite number")));
+        return Err(reject(
+            &qk_label,
+            format!("scale {scale} is not a positive finite number"),
+        ));
     }
     let q = qk_caps.tensor("q").unwrap_or_default().to_string();
     let kt = qk_caps.tensor("kt").unwrap_or_default().to_string();
@@ -422,18 +625,36 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
 
     // Ranks and shapes.
     let (Some(qs), Some(kts), Some(vs)) = (view.shape(&q), view.shape(&kt), view.shape(&v)) else {
-        return Err(reject(&qk_label, "shapes of Q, Kᵀ or V are unknown (cannot prove the layout)"));
+        return Err(reject(
+            &qk_label,
+            "shapes of Q, Kᵀ or V are unknown (cannot prove the layout)",
+        ));
     };
     let rank = qs.len();
     if !(rank == 3 || rank == 4) || kts.len() != rank || vs.len() != rank {
-        return Err(reject(&qk_label, format!("Q {}, Kᵀ {}, V {}: expected all rank 4 (or all rank 3)", shape_str(qs), shape_str(kts), shape_str(vs))));
+        return Err(reject(
+            &qk_label,
+            format!(
+                "Q {}, Kᵀ {}, V {}: expected all rank 4 (or all rank 3)",
+                shape_str(qs),
+                shape_str(kts),
+                shape_str(vs)
+            ),
+        ));
     }
     let (k_src, kt_perm) = through_transposes(view, &kt, rank);
     // K = Kᵀ with its last two axes swapped = transpose(k_src, kt_perm ∘ swap).
     let mut k_perm = kt_perm.clone();
     k_perm.swap(rank - 2, rank - 1);
     let identity: Vec<i64> = (0..rank as i64).collect();
-    let mut k_input = (k_src.clone(), if k_perm == identity { None } else { Some(k_perm.clone()) });
+    let mut k_input = (
+        k_src.clone(),
+        if k_perm == identity {
+            None
+        } else {
+            Some(k_perm.clone())
+        },
+    );
     let k_shape: Vec<Dim> = {
         let mut s = kts.to_vec();
         s.swap(rank - 2, rank - 1);
@@ -448,7 +669,15 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
     let mut v_in = v.clone();
     if rank == 3 {
         if !(qs[0] == k_shape[0] && qs[0] == vs[0]) {
-            return Err(reject(&qk_label, format!("batched Q {}, K {}, V {}: first dims not provably equal", shape_str(qs), shape_str(&k_shape), shape_str(vs))));
+            return Err(reject(
+                &qk_label,
+                format!(
+                    "batched Q {}, K {}, V {}: first dims not provably equal",
+                    shape_str(qs),
+                    shape_str(&k_shape),
+                    shape_str(vs)
+                ),
+            ));
         }
         layout = Layout::Batched;
         tags.push("batched-3d".into());
@@ -457,11 +686,18 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
         let mut k4 = k_shape.clone();
         let mut v4 = vs.to_vec();
         // Both K and V, or neither: the op takes one kv_num_heads.
-        let k_un = if k_input.1.is_none() { unrepeat(view, &k_input.0) } else { None };
+        let k_un = if k_input.1.is_none() {
+            unrepeat(view, &k_input.0)
+        } else {
+            None
+        };
         let v_un = unrepeat(view, &v);
         if let (Some((kv, _)), Some((vv, _))) = (k_un, v_un) {
             let (Some(ks), Some(vvs)) = (view.shape(&kv), view.shape(&vv)) else {
-                return Err(reject(&qk_label, "shapes of K/V before the GQA repeat unknown"));
+                return Err(reject(
+                    &qk_label,
+                    "shapes of K/V before the GQA repeat unknown",
+                ));
             };
             k4 = ks.to_vec();
             v4 = vvs.to_vec();
@@ -470,10 +706,25 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
             tags.push("gqa".into());
         }
         if !(qs[0] == k4[0] && qs[0] == v4[0]) {
-            return Err(reject(&qk_label, format!("batch of Q {}, K {}, V {} not provably equal", shape_str(qs), shape_str(&k4), shape_str(&v4))));
+            return Err(reject(
+                &qk_label,
+                format!(
+                    "batch of Q {}, K {}, V {} not provably equal",
+                    shape_str(qs),
+                    shape_str(&k4),
+                    shape_str(&v4)
+                ),
+            ));
         }
         if k4[1] != v4[1] {
-            return Err(reject(&qk_label, format!("K {} and V {} have different heads", shape_str(&k4), shape_str(&v4))));
+            return Err(reject(
+                &qk_label,
+                format!(
+                    "K {} and V {} have different heads",
+                    shape_str(&k4),
+                    shape_str(&v4)
+                ),
+            ));
         }
         let hq = qs[1].as_known();
         let hk = k4[1].as_known();
@@ -484,7 +735,14 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
             || k4[1].is(1)
             || (unrepeated && matches!((hq, hk), (Some(a), Some(b)) if b > 0 && a % b == 0));
         if !heads_ok {
-            return Err(reject(&qk_label, format!("heads of Q {} and K {} do not match (nor divide for GQA)", shape_str(qs), shape_str(&k4))));
+            return Err(reject(
+                &qk_label,
+                format!(
+                    "heads of Q {} and K {} do not match (nor divide for GQA)",
+                    shape_str(qs),
+                    shape_str(&k4)
+                ),
+            ));
         }
         heads = (hq, hk);
         // Head split / merge: absorb to 3-D when all of Q, K, V come from [B, L, H·D] and the
@@ -496,11 +754,20 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
             Some(_) => (k_input.0.clone(), kperm),
             None => through_transposes(view, &k_input.0, 4),
         };
-        let splits = (head_split(view, &qsrc, &qperm), head_split(view, &ksrc_for_split, &kperm_for_split), head_split(view, &vsrc, &vperm));
+        let splits = (
+            head_split(view, &qsrc, &qperm),
+            head_split(view, &ksrc_for_split, &kperm_for_split),
+            head_split(view, &vsrc, &vperm),
+        );
         let merge = head_merge(view, &output, qs, &v4);
         match (splits, merge) {
-            ((Ok((xq, hq3, dq)), Ok((xk, hk3, dk)), Ok((xv, hv3, _))), Ok((t, r, out3))) if dq == dk && hk3 == hv3 => {
-                layout = Layout::ThreeD { q_heads: hq3, kv_heads: hk3 };
+            ((Ok((xq, hq3, dq)), Ok((xk, hk3, dk)), Ok((xv, hv3, _))), Ok((t, r, out3)))
+                if dq == dk && hk3 == hv3 =>
+            {
+                layout = Layout::ThreeD {
+                    q_heads: hq3,
+                    kv_heads: hk3,
+                };
                 q_in = xq;
                 k_input = (xk, None);
                 v_in = xv;
@@ -510,14 +777,21 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
                 tags.push("3d".into());
             }
             (s, m) => {
-                let why = [s.0.err(), s.1.err(), s.2.err(), m.err()].into_iter().flatten().next().unwrap_or_default();
+                let why = [s.0.err(), s.1.err(), s.2.err(), m.err()]
+                    .into_iter()
+                    .flatten()
+                    .next()
+                    .unwrap_or_default();
                 tags.push(format!("4d ({why})"));
             }
         }
     }
 
     // Masks: every term must broadcast into the scores without enlarging them.
-    let scores_shape = view.shape(&view.node(qk).output[0]).ok_or_else(|| reject(&qk_label, "scores shape unknown"))?.to_vec();
+    let scores_shape = view
+        .shape(&view.node(qk).output[0])
+        .ok_or_else(|| reject(&qk_label, "scores shape unknown"))?
+        .to_vec();
     for m in &masks {
         let parts: Vec<&String> = match m {
             MaskLayer::Add { term, .. } => vec![term],
@@ -527,15 +801,29 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
             MaskLayer::Add { node, .. } | MaskLayer::Fill { node, .. } => *node,
         };
         for t in parts {
-            let s = view.shape(t).ok_or_else(|| reject(node_label(view.node(node)), format!("shape of mask tensor '{t}' unknown")))?;
+            let s = view.shape(t).ok_or_else(|| {
+                reject(
+                    node_label(view.node(node)),
+                    format!("shape of mask tensor '{t}' unknown"),
+                )
+            })?;
             mask_fits(s, &scores_shape).map_err(|r| reject(node_label(view.node(node)), r))?;
         }
-        if let MaskLayer::Fill { fill_value, node, .. } = m {
+        if let MaskLayer::Fill {
+            fill_value, node, ..
+        } = m
+        {
             if fill_value.is_nan() || *fill_value == f64::INFINITY {
-                return Err(reject(node_label(view.node(*node)), format!("mask fill {fill_value} is not -inf or finite")));
+                return Err(reject(
+                    node_label(view.node(*node)),
+                    format!("mask fill {fill_value} is not -inf or finite"),
+                ));
             }
             if *fill_value == f64::NEG_INFINITY {
-                caveats.push("rows with every key masked: 0 from the ONNX Attention op, NaN in PyTorch".to_string());
+                caveats.push(
+                    "rows with every key masked: 0 from the ONNX Attention op, NaN in PyTorch"
+                        .to_string(),
+                );
             } else {
                 caveats.push(format!("masked_fill({fill_value}) fused as an additive mask: rows with every key masked differ"));
             }
@@ -552,10 +840,15 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
             })
             .filter_map(|t| view.shape(&t).map(<[Dim]>::to_vec))
             .collect();
-        let combined = parts.iter().skip(1).try_fold(parts[0].clone(), |a, b| crate::graph::broadcast(&a, b));
+        let combined = parts
+            .iter()
+            .skip(1)
+            .try_fold(parts[0].clone(), |a, b| crate::graph::broadcast(&a, b));
         let r = scores_shape.len();
         expand_mask = match combined {
-            Some(c) if c.len() >= 2 => c[c.len() - 2] != scores_shape[r - 2] || c[c.len() - 1] != scores_shape[r - 1],
+            Some(c) if c.len() >= 2 => {
+                c[c.len() - 2] != scores_shape[r - 2] || c[c.len() - 1] != scores_shape[r - 1]
+            }
             _ => true,
         };
     }
@@ -580,18 +873,28 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
                 continue;
             }
             if view.is_graph_output(o) {
-                return Err(reject(node_label(view.node(n)), format!("intermediate '{o}' is a graph output")));
+                return Err(reject(
+                    node_label(view.node(n)),
+                    format!("intermediate '{o}' is a graph output"),
+                ));
             }
             if let Some(&c) = view.consumers(o).iter().find(|c| !core.contains(c)) {
-                return Err(reject(node_label(view.node(n)), format!("intermediate '{o}' is also used by {}", node_label(view.node(c)))));
+                return Err(reject(
+                    node_label(view.node(n)),
+                    format!(
+                        "intermediate '{o}' is also used by {}",
+                        node_label(view.node(c))
+                    ),
+                ));
             }
         }
     }
 
-    let input_shapes: Vec<(String, i32, Vec<Dim>)> = [q_in.clone(), k_input.0.clone(), v_in.clone()]
-        .into_iter()
-        .filter_map(|t| Some((t.clone(), view.elem_type(&t)?, view.shape(&t)?.to_vec())))
-        .collect();
+    let input_shapes: Vec<(String, i32, Vec<Dim>)> =
+        [q_in.clone(), k_input.0.clone(), v_in.clone()]
+            .into_iter()
+            .filter_map(|t| Some((t.clone(), view.elem_type(&t)?, view.shape(&t)?.to_vec())))
+            .collect();
     Ok(AttentionMatch {
         softmax: sm,
         core,
@@ -613,36 +916,65 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
 
 /// `out3 = Reshape(Transpose(ctx, [0, 2, 1, 3]), [B, Lq, H·Dv])`; returns the Transpose and
 /// Reshape node indices and `out3`.
-fn head_merge(view: &GraphView, ctx: &str, qs: &[Dim], vs: &[Dim]) -> Result<(usize, usize, String), String> {
+fn head_merge(
+    view: &GraphView,
+    ctx: &str,
+    qs: &[Dim],
+    vs: &[Dim],
+) -> Result<(usize, usize, String), String> {
     let cons = view.consumers(ctx);
-    let [t] = cons else { return Err("context has several consumers".into()) };
+    let [t] = cons else {
+        return Err("context has several consumers".into());
+    };
     let tn = view.node(*t);
-    if tn.op_type != "Transpose" || attr::ints(tn, "perm").ok().flatten() != Some(&[0, 2, 1, 3][..]) {
-        return Err(format!("context is not followed by Transpose[0, 2, 1, 3] ({})", node_label(tn)));
+    if tn.op_type != "Transpose" || attr::ints(tn, "perm").ok().flatten() != Some(&[0, 2, 1, 3][..])
+    {
+        return Err(format!(
+            "context is not followed by Transpose[0, 2, 1, 3] ({})",
+            node_label(tn)
+        ));
     }
     let tcons = view.consumers(&tn.output[0]);
-    let [r] = tcons else { return Err("merge Transpose has several consumers".into()) };
+    let [r] = tcons else {
+        return Err("merge Transpose has several consumers".into());
+    };
     let rn = view.node(*r);
     if rn.op_type != "Reshape" {
-        return Err(format!("merge Transpose is not followed by a Reshape ({})", node_label(rn)));
+        return Err(format!(
+            "merge Transpose is not followed by a Reshape ({})",
+            node_label(rn)
+        ));
     }
-    let os = view.shape(&rn.output[0]).ok_or("merge Reshape output shape unknown")?;
+    let os = view
+        .shape(&rn.output[0])
+        .ok_or("merge Reshape output shape unknown")?;
     let hd = qs[1].mul(&vs[3]).ok_or("overflow")?;
     if os.len() != 3 || os[0] != qs[0] || os[1] != qs[2] || os[2] != hd {
-        return Err(format!("merge Reshape gives {}, not [B, Lq, H·Dv]", shape_str(os)));
+        return Err(format!(
+            "merge Reshape gives {}, not [B, Lq, H·Dv]",
+            shape_str(os)
+        ));
     }
     Ok((*t, *r, rn.output[0].clone()))
 }
 
 /// Whether `t` reaches a MatMul through at most `depth` Mul/Div/Add/Where nodes.
 fn reaches_matmul(view: &GraphView, t: &str, depth: usize) -> bool {
-    let Some(p) = view.producer(t) else { return false };
+    let Some(p) = view.producer(t) else {
+        return false;
+    };
     let n = view.node(p);
     match n.op_type.as_str() {
         "MatMul" => true,
         "Mul" | "Div" | "Add" | "Where" if depth > 0 => {
-            let inputs: Vec<&String> = if n.op_type == "Where" { n.input.iter().skip(1).collect() } else { n.input.iter().collect() };
-            inputs.iter().any(|i| view.value(i).is_none() && reaches_matmul(view, i, depth - 1))
+            let inputs: Vec<&String> = if n.op_type == "Where" {
+                n.input.iter().skip(1).collect()
+            } else {
+                n.input.iter().collect()
+            };
+            inputs
+                .iter()
+                .any(|i| view.value(i).is_none() && reaches_matmul(view, i, depth - 1))
         }
         _ => false,
     }

@@ -24,7 +24,10 @@ pub struct Dim {
 impl Dim {
     /// A known size.
     pub fn known(v: i64) -> Dim {
-        Dim { coef: v, syms: BTreeMap::new() }
+        Dim {
+            coef: v,
+            syms: BTreeMap::new(),
+        }
     }
 
     /// An unknown positive size called `name`.
@@ -45,7 +48,10 @@ impl Dim {
         for (k, e) in &other.syms {
             *syms.entry(k.clone()).or_insert(0) += e;
         }
-        Some(Dim { coef: self.coef.checked_mul(other.coef)?, syms })
+        Some(Dim {
+            coef: self.coef.checked_mul(other.coef)?,
+            syms,
+        })
     }
 
     /// `self / other` when the division is exact (symbol exponents do not go negative and the
@@ -65,14 +71,22 @@ impl Dim {
                 syms.remove(k);
             }
         }
-        Some(Dim { coef: self.coef / other.coef, syms })
+        Some(Dim {
+            coef: self.coef / other.coef,
+            syms,
+        })
     }
 
     /// The symbol's name when the dimension is exactly one named symbol (a graph `dim_param`,
     /// not a fresh name made up for an unnamed dimension).
     pub fn as_symbol(&self) -> Option<&str> {
         match (self.coef, self.syms.len()) {
-            (1, 1) => self.syms.iter().next().filter(|(k, e)| **e == 1 && !k.contains('#')).map(|(k, _)| k.as_str()),
+            (1, 1) => self
+                .syms
+                .iter()
+                .next()
+                .filter(|(k, e)| **e == 1 && !k.contains('#'))
+                .map(|(k, _)| k.as_str()),
             _ => None,
         }
     }
@@ -90,7 +104,11 @@ impl fmt::Display for Dim {
             parts.push(self.coef.to_string());
         }
         for (k, e) in &self.syms {
-            parts.push(if *e == 1 { k.clone() } else { format!("{k}^{e}") });
+            parts.push(if *e == 1 {
+                k.clone()
+            } else {
+                format!("{k}^{e}")
+            });
         }
         write!(f, "{}", parts.join("·"))
     }
@@ -98,7 +116,13 @@ impl fmt::Display for Dim {
 
 /// Formats a shape as `[B, L, 64]`.
 pub fn shape_str(s: &[Dim]) -> String {
-    format!("[{}]", s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))
+    format!(
+        "[{}]",
+        s.iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// The product of a list of dims.
@@ -191,7 +215,11 @@ impl<'a> GraphView<'a> {
                 }
             }
         }
-        let initializers = graph.initializer.iter().map(|t| (t.name.as_str(), t)).collect();
+        let initializers = graph
+            .initializer
+            .iter()
+            .map(|t| (t.name.as_str(), t))
+            .collect();
         let graph_outputs = graph.output.iter().map(|o| o.name.as_str()).collect();
         let graph_inputs = graph.input.iter().map(|o| o.name.as_str()).collect();
         let mut view = GraphView {
@@ -265,14 +293,22 @@ impl<'a> GraphView<'a> {
         if self.initializers.contains_key(tensor) && !self.graph_inputs.contains(tensor) {
             return true;
         }
-        matches!(self.producer(tensor).map(|p| self.node(p).op_type.as_str()), Some("Constant"))
+        matches!(
+            self.producer(tensor).map(|p| self.node(p).op_type.as_str()),
+            Some("Constant")
+        )
     }
 
     // ---- the symbolic forward pass -------------------------------------------------------
 
     fn infer(&mut self, order: &[usize]) {
         let g = self.graph;
-        for vi in g.input.iter().chain(g.value_info.iter()).chain(g.output.iter()) {
+        for vi in g
+            .input
+            .iter()
+            .chain(g.value_info.iter())
+            .chain(g.output.iter())
+        {
             if let Some(t) = vi.r#type.as_ref().and_then(|t| match &t.value {
                 Some(attnrt_onnx::proto::type_proto::Value::TensorType(tt)) => Some(tt),
                 _ => None,
@@ -287,7 +323,10 @@ impl<'a> GraphView<'a> {
             }
         }
         for t in &g.initializer {
-            self.shapes.insert(t.name.clone(), t.dims.iter().map(|&d| Dim::known(d)).collect());
+            self.shapes.insert(
+                t.name.clone(),
+                t.dims.iter().map(|&d| Dim::known(d)).collect(),
+            );
             self.elem_types.insert(t.name.clone(), t.data_type);
             if let Some(v) = tensor_value(t) {
                 self.values.insert(t.name.clone(), v);
@@ -314,21 +353,33 @@ impl<'a> GraphView<'a> {
     }
 
     fn in_shape(&self, n: &NodeProto, i: usize) -> Option<Vec<Dim>> {
-        n.input.get(i).filter(|s| !s.is_empty()).and_then(|t| self.shapes.get(t)).cloned()
+        n.input
+            .get(i)
+            .filter(|s| !s.is_empty())
+            .and_then(|t| self.shapes.get(t))
+            .cloned()
     }
 
     fn in_value(&self, n: &NodeProto, i: usize) -> Option<&Value> {
-        n.input.get(i).filter(|s| !s.is_empty()).and_then(|t| self.values.get(t))
+        n.input
+            .get(i)
+            .filter(|s| !s.is_empty())
+            .and_then(|t| self.values.get(t))
     }
 
     fn set(&mut self, n: &NodeProto, i: usize, shape: Option<Vec<Dim>>, value: Option<Value>) {
-        let Some(name) = n.output.get(i).filter(|s| !s.is_empty()) else { return };
+        let Some(name) = n.output.get(i).filter(|s| !s.is_empty()) else {
+            return;
+        };
         if let Some(s) = shape {
             self.shapes.insert(name.clone(), s);
         }
         if let Some(v) = value {
             if !self.shapes.contains_key(name) {
-                self.shapes.insert(name.clone(), v.dims().iter().map(|&d| Dim::known(d)).collect());
+                self.shapes.insert(
+                    name.clone(),
+                    v.dims().iter().map(|&d| Dim::known(d)).collect(),
+                );
             }
             self.values.insert(name.clone(), v);
         }
@@ -341,22 +392,34 @@ impl<'a> GraphView<'a> {
         let s0 = self.in_shape(n, 0);
         match n.op_type.as_str() {
             "Constant" => {
-                let v = attr::tensor(n, "value").ok().flatten().and_then(tensor_value).or_else(|| {
-                    if let Ok(Some(f)) = attr::float(n, "value_float") {
-                        Some(Value::Floats(vec![], vec![f as f64]))
-                    } else if let Ok(Some(i)) = attr::int(n, "value_int") {
-                        Some(Value::Ints(vec![], vec![Dim::known(i)]))
-                    } else if let Ok(Some(is)) = attr::ints(n, "value_ints") {
-                        Some(Value::Ints(vec![is.len() as i64], is.iter().map(|&i| Dim::known(i)).collect()))
-                    } else {
-                        None
-                    }
-                });
+                let v = attr::tensor(n, "value")
+                    .ok()
+                    .flatten()
+                    .and_then(tensor_value)
+                    .or_else(|| {
+                        if let Ok(Some(f)) = attr::float(n, "value_float") {
+                            Some(Value::Floats(vec![], vec![f as f64]))
+                        } else if let Ok(Some(i)) = attr::int(n, "value_int") {
+                            Some(Value::Ints(vec![], vec![Dim::known(i)]))
+                        } else if let Ok(Some(is)) = attr::ints(n, "value_ints") {
+                            Some(Value::Ints(
+                                vec![is.len() as i64],
+                                is.iter().map(|&i| Dim::known(i)).collect(),
+                            ))
+                        } else {
+                            None
+                        }
+                    });
                 if let Ok(Some(t)) = attr::tensor(n, "value") {
                     if let Some(o) = n.output.first() {
                         self.elem_types.insert(o.clone(), t.data_type);
                     }
-                    self.set(n, 0, Some(t.dims.iter().map(|&d| Dim::known(d)).collect()), v);
+                    self.set(
+                        n,
+                        0,
+                        Some(t.dims.iter().map(|&d| Dim::known(d)).collect()),
+                        v,
+                    );
                 } else {
                     self.set(n, 0, None, v);
                 }
@@ -371,7 +434,11 @@ impl<'a> GraphView<'a> {
                 let norm = |x: i64| if x < 0 { (x + r).clamp(0, r) } else { x.min(r) };
                 let start = norm(attr::int(n, "start").ok().flatten().unwrap_or(0));
                 let end = norm(attr::int(n, "end").ok().flatten().unwrap_or(r));
-                let dims: Vec<Dim> = if start < end { s[start as usize..end as usize].to_vec() } else { vec![] };
+                let dims: Vec<Dim> = if start < end {
+                    s[start as usize..end as usize].to_vec()
+                } else {
+                    vec![]
+                };
                 self.set(n, 0, None, Some(Value::Ints(vec![dims.len() as i64], dims)));
             }
             "Cast" => {
@@ -382,22 +449,65 @@ impl<'a> GraphView<'a> {
                 let v = self.in_value(n, 0).and_then(|v| cast_value(v, to));
                 self.set(n, 0, s0, v);
             }
-            "Softmax" | "Sqrt" | "Relu" | "Erf" | "Neg" | "Not" | "IsNaN" | "IsInf" | "Tanh"
-            | "Sigmoid" | "Exp" | "Log" | "Reciprocal" | "Abs" | "Gelu" | "LayerNormalization"
-            | "Dropout" | "Clip" | "BatchNormalization" | "Softplus" | "HardSigmoid" | "Trilu"
-            | "Floor" | "Ceil" | "Round" | "Sign" | "Sin" | "Cos" | "InstanceNormalization"
-            | "RMSNormalization" | "LogSoftmax" | "Elu" | "LeakyRelu" | "Mish" | "HardSwish" => {
+            "Softmax"
+            | "Sqrt"
+            | "Relu"
+            | "Erf"
+            | "Neg"
+            | "Not"
+            | "IsNaN"
+            | "IsInf"
+            | "Tanh"
+            | "Sigmoid"
+            | "Exp"
+            | "Log"
+            | "Reciprocal"
+            | "Abs"
+            | "Gelu"
+            | "LayerNormalization"
+            | "Dropout"
+            | "Clip"
+            | "BatchNormalization"
+            | "Softplus"
+            | "HardSigmoid"
+            | "Trilu"
+            | "Floor"
+            | "Ceil"
+            | "Round"
+            | "Sign"
+            | "Sin"
+            | "Cos"
+            | "InstanceNormalization"
+            | "RMSNormalization"
+            | "LogSoftmax"
+            | "Elu"
+            | "LeakyRelu"
+            | "Mish"
+            | "HardSwish" => {
                 let v = match (n.op_type.as_str(), self.in_value(n, 0)) {
-                    ("Sqrt", Some(Value::Floats(d, v))) => Some(Value::Floats(d.clone(), v.iter().map(|x| x.sqrt()).collect())),
-                    ("Reciprocal", Some(Value::Floats(d, v))) => Some(Value::Floats(d.clone(), v.iter().map(|x| 1.0 / x).collect())),
-                    ("Neg", Some(Value::Floats(d, v))) => Some(Value::Floats(d.clone(), v.iter().map(|x| -x).collect())),
+                    ("Sqrt", Some(Value::Floats(d, v))) => Some(Value::Floats(
+                        d.clone(),
+                        v.iter().map(|x| x.sqrt()).collect(),
+                    )),
+                    ("Reciprocal", Some(Value::Floats(d, v))) => Some(Value::Floats(
+                        d.clone(),
+                        v.iter().map(|x| 1.0 / x).collect(),
+                    )),
+                    ("Neg", Some(Value::Floats(d, v))) => {
+                        Some(Value::Floats(d.clone(), v.iter().map(|x| -x).collect()))
+                    }
                     _ => None,
                 };
                 if matches!(n.op_type.as_str(), "Not" | "IsNaN" | "IsInf") {
                     if let Some(o) = n.output.first() {
                         self.elem_types.insert(o.clone(), DataType::Bool as i32);
                     }
-                } else if let Some(t) = n.input.first().and_then(|i| self.elem_types.get(i)).copied() {
+                } else if let Some(t) = n
+                    .input
+                    .first()
+                    .and_then(|i| self.elem_types.get(i))
+                    .copied()
+                {
                     if let Some(o) = n.output.first() {
                         self.elem_types.insert(o.clone(), t);
                     }
@@ -407,15 +517,30 @@ impl<'a> GraphView<'a> {
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Equal" | "Less" | "Greater"
             | "And" | "Or" | "Where" | "Max" | "Min" | "GreaterOrEqual" | "LessOrEqual" | "Xor"
             | "BitwiseAnd" | "BitwiseOr" => {
-                let shapes: Option<Vec<Vec<Dim>>> = (0..n.input.len()).map(|i| self.in_shape(n, i)).collect();
+                let shapes: Option<Vec<Vec<Dim>>> =
+                    (0..n.input.len()).map(|i| self.in_shape(n, i)).collect();
                 let shape = shapes.and_then(|s| broadcast_all(&s));
-                let vals: Option<Vec<&Value>> = (0..n.input.len()).map(|i| self.in_value(n, i)).collect();
+                let vals: Option<Vec<&Value>> =
+                    (0..n.input.len()).map(|i| self.in_value(n, i)).collect();
                 let v = vals.and_then(|v| eval_elementwise(&n.op_type, &v));
-                let ty = if matches!(n.op_type.as_str(), "Equal" | "Less" | "Greater" | "And" | "Or" | "GreaterOrEqual" | "LessOrEqual" | "Xor") {
+                let ty = if matches!(
+                    n.op_type.as_str(),
+                    "Equal"
+                        | "Less"
+                        | "Greater"
+                        | "And"
+                        | "Or"
+                        | "GreaterOrEqual"
+                        | "LessOrEqual"
+                        | "Xor"
+                ) {
                     Some(DataType::Bool as i32)
                 } else {
                     let first = if n.op_type == "Where" { 1 } else { 0 };
-                    n.input.get(first).and_then(|i| self.elem_types.get(i)).copied()
+                    n.input
+                        .get(first)
+                        .and_then(|i| self.elem_types.get(i))
+                        .copied()
                 };
                 if let (Some(t), Some(o)) = (ty, n.output.first()) {
                     self.elem_types.insert(o.clone(), t);
@@ -423,7 +548,9 @@ impl<'a> GraphView<'a> {
                 self.set(n, 0, shape, v);
             }
             "MatMul" => {
-                let (Some(a), Some(b)) = (s0, self.in_shape(n, 1)) else { return };
+                let (Some(a), Some(b)) = (s0, self.in_shape(n, 1)) else {
+                    return;
+                };
                 if a.len() < 2 || b.len() < 2 {
                     return;
                 }
@@ -436,7 +563,9 @@ impl<'a> GraphView<'a> {
                 }
             }
             "Gemm" => {
-                let (Some(a), Some(b)) = (s0, self.in_shape(n, 1)) else { return };
+                let (Some(a), Some(b)) = (s0, self.in_shape(n, 1)) else {
+                    return;
+                };
                 if a.len() != 2 || b.len() != 2 {
                     return;
                 }
@@ -457,16 +586,31 @@ impl<'a> GraphView<'a> {
                     return;
                 }
                 self.copy_type(n);
-                self.set(n, 0, Some(perm.iter().map(|&p| s[p as usize].clone()).collect()), None);
+                self.set(
+                    n,
+                    0,
+                    Some(perm.iter().map(|&p| s[p as usize].clone()).collect()),
+                    None,
+                );
             }
             "Reshape" => {
-                let Some(target) = self.in_value(n, 1).cloned() else { return };
-                let Value::Ints(_, target) = target else { return };
+                let Some(target) = self.in_value(n, 1).cloned() else {
+                    return;
+                };
+                let Value::Ints(_, target) = target else {
+                    return;
+                };
                 let allowzero = attr::int(n, "allowzero").ok().flatten().unwrap_or(0) != 0;
-                let out = s0.as_deref().and_then(|s| reshape_dims(s, &target, allowzero)).or_else(|| {
-                    // Without the input shape, a target free of 0 and -1 is still the shape.
-                    target.iter().all(|d| d.as_known().map_or(true, |v| v > 0)).then(|| target.clone())
-                });
+                let out = s0
+                    .as_deref()
+                    .and_then(|s| reshape_dims(s, &target, allowzero))
+                    .or_else(|| {
+                        // Without the input shape, a target free of 0 and -1 is still the shape.
+                        target
+                            .iter()
+                            .all(|d| d.as_known().map_or(true, |v| v > 0))
+                            .then(|| target.clone())
+                    });
                 let v = self.in_value(n, 0).and_then(|v| {
                     let dims: Option<Vec<i64>> = out.as_ref()?.iter().map(Dim::as_known).collect();
                     Some(v.with_dims(dims?))
@@ -496,8 +640,11 @@ impl<'a> GraphView<'a> {
                 self.set(n, 0, out, v);
             }
             "Concat" => {
-                let Ok(Some(axis)) = attr::int(n, "axis") else { return };
-                let vals: Option<Vec<&Value>> = (0..n.input.len()).map(|i| self.in_value(n, i)).collect();
+                let Ok(Some(axis)) = attr::int(n, "axis") else {
+                    return;
+                };
+                let vals: Option<Vec<&Value>> =
+                    (0..n.input.len()).map(|i| self.in_value(n, i)).collect();
                 if let Some(vals) = vals {
                     // Shape vectors: 1-D integer concatenation.
                     let mut out = Vec::new();
@@ -514,7 +661,8 @@ impl<'a> GraphView<'a> {
                         return;
                     }
                 }
-                let shapes: Option<Vec<Vec<Dim>>> = (0..n.input.len()).map(|i| self.in_shape(n, i)).collect();
+                let shapes: Option<Vec<Vec<Dim>>> =
+                    (0..n.input.len()).map(|i| self.in_shape(n, i)).collect();
                 if let Some(shapes) = shapes {
                     if let Some(s) = concat_shape(&shapes, axis) {
                         self.copy_type(n);
@@ -531,7 +679,10 @@ impl<'a> GraphView<'a> {
                 };
                 let Some(idx_shape) = idx_shape else { return };
                 if let (Some(Value::Ints(d, x)), Some(idx)) = (self.in_value(n, 0), idx.as_ref()) {
-                    let idx_dims: Vec<i64> = self.in_value(n, 1).map(|v| v.dims().to_vec()).unwrap_or_default();
+                    let idx_dims: Vec<i64> = self
+                        .in_value(n, 1)
+                        .map(|v| v.dims().to_vec())
+                        .unwrap_or_default();
                     if d.len() == 1 && axis == 0 {
                         let len = x.len() as i64;
                         let picked: Option<Vec<Dim>> = idx
@@ -562,7 +713,9 @@ impl<'a> GraphView<'a> {
             "Slice" => self.infer_slice(n),
             "Attention" => {
                 // The op this crate emits: needed so later blocks see shapes after a rewrite.
-                let (Some(q), Some(v)) = (s0, self.in_shape(n, 2)) else { return };
+                let (Some(q), Some(v)) = (s0, self.in_shape(n, 2)) else {
+                    return;
+                };
                 let out = match (q.len(), v.len()) {
                     (4, 4) => Some(vec![q[0].clone(), q[1].clone(), q[2].clone(), v[3].clone()]),
                     (3, 3) => {
@@ -588,11 +741,16 @@ impl<'a> GraphView<'a> {
                 let keep = attr::int(n, "keepdims").ok().flatten().unwrap_or(1) != 0;
                 let axes: Option<Vec<i64>> = match attr::ints(n, "axes").ok().flatten() {
                     Some(a) => Some(a.to_vec()),
-                    None if n.input.len() > 1 && !n.input[1].is_empty() => self.in_value(n, 1).and_then(Value::known_ints),
+                    None if n.input.len() > 1 && !n.input[1].is_empty() => {
+                        self.in_value(n, 1).and_then(Value::known_ints)
+                    }
                     None => Some((0..r).collect()),
                 };
                 let Some(axes) = axes else { return };
-                let axes: Vec<i64> = axes.iter().map(|&a| if a < 0 { a + r } else { a }).collect();
+                let axes: Vec<i64> = axes
+                    .iter()
+                    .map(|&a| if a < 0 { a + r } else { a })
+                    .collect();
                 let out: Vec<Dim> = s
                     .iter()
                     .enumerate()
@@ -608,23 +766,44 @@ impl<'a> GraphView<'a> {
                 self.set(n, 0, Some(out), None);
             }
             "Conv" => {
-                let (Some(x), Some(w)) = (s0, self.in_shape(n, 1)) else { return };
+                let (Some(x), Some(w)) = (s0, self.in_shape(n, 1)) else {
+                    return;
+                };
                 if x.len() < 3 || w.len() != x.len() {
                     return;
                 }
                 let sp = x.len() - 2;
                 let get = |name: &str, dflt: i64, len: usize| -> Vec<i64> {
-                    attr::ints(n, name).ok().flatten().map(<[i64]>::to_vec).unwrap_or_else(|| vec![dflt; len])
+                    attr::ints(n, name)
+                        .ok()
+                        .flatten()
+                        .map(<[i64]>::to_vec)
+                        .unwrap_or_else(|| vec![dflt; len])
                 };
-                let (strides, dil, pads) = (get("strides", 1, sp), get("dilations", 1, sp), get("pads", 0, 2 * sp));
-                if attr::string(n, "auto_pad").ok().flatten().is_some_and(|a| a != "NOTSET") || strides.len() != sp || dil.len() != sp || pads.len() != 2 * sp {
+                let (strides, dil, pads) = (
+                    get("strides", 1, sp),
+                    get("dilations", 1, sp),
+                    get("pads", 0, 2 * sp),
+                );
+                if attr::string(n, "auto_pad")
+                    .ok()
+                    .flatten()
+                    .is_some_and(|a| a != "NOTSET")
+                    || strides.len() != sp
+                    || dil.len() != sp
+                    || pads.len() != 2 * sp
+                {
                     return;
                 }
                 let mut out = vec![x[0].clone(), w[0].clone()];
                 for i in 0..sp {
-                    let (Some(xi), Some(ki)) = (x[2 + i].as_known(), w[2 + i].as_known()) else { return };
+                    let (Some(xi), Some(ki)) = (x[2 + i].as_known(), w[2 + i].as_known()) else {
+                        return;
+                    };
                     let eff = dil[i] * (ki - 1) + 1;
-                    out.push(Dim::known((xi + pads[i] + pads[sp + i] - eff) / strides[i] + 1));
+                    out.push(Dim::known(
+                        (xi + pads[i] + pads[sp + i] - eff) / strides[i] + 1,
+                    ));
                 }
                 self.copy_type(n);
                 self.set(n, 0, Some(out), None);
@@ -635,9 +814,13 @@ impl<'a> GraphView<'a> {
                 self.set(n, 0, s1, None);
             }
             "GatherND" => {
-                let (Some(data), Some(idx)) = (s0, self.in_shape(n, 1)) else { return };
+                let (Some(data), Some(idx)) = (s0, self.in_shape(n, 1)) else {
+                    return;
+                };
                 let b = attr::int(n, "batch_dims").ok().flatten().unwrap_or(0) as usize;
-                let Some(k) = idx.last().and_then(Dim::as_known) else { return };
+                let Some(k) = idx.last().and_then(Dim::as_known) else {
+                    return;
+                };
                 if idx.is_empty() || b + k as usize > data.len() {
                     return;
                 }
@@ -647,14 +830,20 @@ impl<'a> GraphView<'a> {
                 self.set(n, 0, Some(out), None);
             }
             "Range" => {
-                let get = |i: usize| self.in_value(n, i).and_then(|v| match v {
-                    Value::Ints(_, x) if x.len() == 1 => Some(x[0].clone()),
-                    _ => None,
-                });
-                let (Some(start), Some(limit), Some(delta)) = (get(0), get(1), get(2)) else { return };
+                let get = |i: usize| {
+                    self.in_value(n, i).and_then(|v| match v {
+                        Value::Ints(_, x) if x.len() == 1 => Some(x[0].clone()),
+                        _ => None,
+                    })
+                };
+                let (Some(start), Some(limit), Some(delta)) = (get(0), get(1), get(2)) else {
+                    return;
+                };
                 let len = match (start.as_known(), limit.as_known(), delta.as_known()) {
                     (Some(0), _, Some(1)) => limit,
-                    (Some(a), Some(b), Some(d)) if d != 0 => Dim::known(((b - a + d - d.signum()) / d).max(0)),
+                    (Some(a), Some(b), Some(d)) if d != 0 => {
+                        Dim::known(((b - a + d - d.signum()) / d).max(0))
+                    }
                     _ => return,
                 };
                 self.copy_type(n);
@@ -668,7 +857,11 @@ impl<'a> GraphView<'a> {
                 if !(0..=r).contains(&axis) {
                     return;
                 }
-                let (Some(a), Some(b)) = (product(&s[..axis as usize]), product(&s[axis as usize..])) else { return };
+                let (Some(a), Some(b)) =
+                    (product(&s[..axis as usize]), product(&s[axis as usize..]))
+                else {
+                    return;
+                };
                 self.copy_type(n);
                 self.set(n, 0, Some(vec![a, b]), None);
             }
@@ -698,20 +891,32 @@ impl<'a> GraphView<'a> {
                 for (i, sz) in sizes.iter().enumerate() {
                     let mut out = s.clone();
                     out[axis as usize] = Dim::known(*sz);
-                    if let (Some(t), Some(o)) = (n.input.first().and_then(|i| self.elem_types.get(i)).copied(), n.output.get(i)) {
+                    if let (Some(t), Some(o)) = (
+                        n.input
+                            .first()
+                            .and_then(|i| self.elem_types.get(i))
+                            .copied(),
+                        n.output.get(i),
+                    ) {
                         self.elem_types.insert(o.clone(), t);
                     }
                     self.set(n, i, Some(out), None);
                 }
             }
             "Expand" => {
-                let (Some(s), Some(Value::Ints(_, target))) = (s0, self.in_value(n, 1).cloned()) else { return };
+                let (Some(s), Some(Value::Ints(_, target))) = (s0, self.in_value(n, 1).cloned())
+                else {
+                    return;
+                };
                 let out = broadcast(&s, &target);
                 self.copy_type(n);
                 self.set(n, 0, out, None);
             }
             "ConstantOfShape" => {
-                let fill_type = attr::tensor(n, "value").ok().flatten().map_or(DataType::Float as i32, |t| t.data_type);
+                let fill_type = attr::tensor(n, "value")
+                    .ok()
+                    .flatten()
+                    .map_or(DataType::Float as i32, |t| t.data_type);
                 if let Some(o) = n.output.first() {
                     self.elem_types.insert(o.clone(), fill_type);
                 }
@@ -726,22 +931,43 @@ impl<'a> GraphView<'a> {
                 if count < 0 || count as usize > MAX_VALUE_ELEMENTS {
                     return;
                 }
-                let fill = attr::tensor(n, "value").ok().flatten().and_then(tensor_value);
+                let fill = attr::tensor(n, "value")
+                    .ok()
+                    .flatten()
+                    .and_then(tensor_value);
                 let v = match fill {
                     None => Some(Value::Floats(shape.clone(), vec![0.0; count as usize])),
-                    Some(Value::Floats(_, f)) if f.len() == 1 => Some(Value::Floats(shape.clone(), vec![f[0]; count as usize])),
-                    Some(Value::Ints(_, i)) if i.len() == 1 => Some(Value::Ints(shape.clone(), vec![i[0].clone(); count as usize])),
-                    Some(Value::Bools(_, b)) if b.len() == 1 => Some(Value::Bools(shape.clone(), vec![b[0]; count as usize])),
+                    Some(Value::Floats(_, f)) if f.len() == 1 => {
+                        Some(Value::Floats(shape.clone(), vec![f[0]; count as usize]))
+                    }
+                    Some(Value::Ints(_, i)) if i.len() == 1 => Some(Value::Ints(
+                        shape.clone(),
+                        vec![i[0].clone(); count as usize],
+                    )),
+                    Some(Value::Bools(_, b)) if b.len() == 1 => {
+                        Some(Value::Bools(shape.clone(), vec![b[0]; count as usize]))
+                    }
                     _ => None,
                 };
-                self.set(n, 0, Some(shape.iter().map(|&d| Dim::known(d)).collect()), v);
+                self.set(
+                    n,
+                    0,
+                    Some(shape.iter().map(|&d| Dim::known(d)).collect()),
+                    v,
+                );
             }
             _ => {}
         }
     }
 
     fn copy_type(&mut self, n: &NodeProto) {
-        if let (Some(t), Some(o)) = (n.input.first().and_then(|i| self.elem_types.get(i)).copied(), n.output.first()) {
+        if let (Some(t), Some(o)) = (
+            n.input
+                .first()
+                .and_then(|i| self.elem_types.get(i))
+                .copied(),
+            n.output.first(),
+        ) {
             self.elem_types.insert(o.clone(), t);
         }
     }
@@ -752,16 +978,34 @@ impl<'a> GraphView<'a> {
             _ => None,
         };
         let get = |i: usize| self.in_value(n, i).and_then(Value::known_ints);
-        let (Some(starts), Some(ends_sym)) = (get(1), dims_of(2)) else { return };
-        let axes = if n.input.len() > 3 && !n.input[3].is_empty() { get(3) } else { Some((0..starts.len() as i64).collect()) };
-        let steps = if n.input.len() > 4 && !n.input[4].is_empty() { get(4) } else { Some(vec![1; starts.len()]) };
-        let (Some(axes), Some(steps)) = (axes, steps) else { return };
-        if axes.len() != starts.len() || ends_sym.len() != starts.len() || steps.len() != starts.len() || steps.iter().any(|&s| s != 1) {
+        let (Some(starts), Some(ends_sym)) = (get(1), dims_of(2)) else {
+            return;
+        };
+        let axes = if n.input.len() > 3 && !n.input[3].is_empty() {
+            get(3)
+        } else {
+            Some((0..starts.len() as i64).collect())
+        };
+        let steps = if n.input.len() > 4 && !n.input[4].is_empty() {
+            get(4)
+        } else {
+            Some(vec![1; starts.len()])
+        };
+        let (Some(axes), Some(steps)) = (axes, steps) else {
+            return;
+        };
+        if axes.len() != starts.len()
+            || ends_sym.len() != starts.len()
+            || steps.len() != starts.len()
+            || steps.iter().any(|&s| s != 1)
+        {
             return;
         }
         let ends_known: Option<Vec<i64>> = ends_sym.iter().map(Dim::as_known).collect();
         // A 1-D integer value (shape vector) sliced on axis 0.
-        if let (Some(Value::Ints(d, x)), Some(ends)) = (self.in_value(n, 0).cloned(), ends_known.as_ref()) {
+        if let (Some(Value::Ints(d, x)), Some(ends)) =
+            (self.in_value(n, 0).cloned(), ends_known.as_ref())
+        {
             if d.len() == 1 && axes.len() == 1 && (axes[0] == 0 || axes[0] == -1) {
                 let len = x.len() as i64;
                 let (b, e) = slice_range(starts[0], ends[0], len);
@@ -770,7 +1014,9 @@ impl<'a> GraphView<'a> {
                 return;
             }
         }
-        let Some(mut s) = self.in_shape(n, 0) else { return };
+        let Some(mut s) = self.in_shape(n, 0) else {
+            return;
+        };
         let r = s.len() as i64;
         for (k, &ax) in axes.iter().enumerate() {
             let ax = if ax < 0 { ax + r } else { ax };
@@ -792,7 +1038,9 @@ impl<'a> GraphView<'a> {
                 }
                 return;
             }
-            let (Some(len), Some(e)) = (d.as_known(), end.as_known()) else { return };
+            let (Some(len), Some(e)) = (d.as_known(), end.as_known()) else {
+                return;
+            };
             let (b, e) = slice_range(starts[k], e, len);
             s[ax as usize] = Dim::known((e - b).max(0));
         }
@@ -802,7 +1050,13 @@ impl<'a> GraphView<'a> {
 }
 
 fn slice_range(start: i64, end: i64, len: i64) -> (i64, i64) {
-    let norm = |x: i64| if x < 0 { (x + len).clamp(0, len) } else { x.min(len) };
+    let norm = |x: i64| {
+        if x < 0 {
+            (x + len).clamp(0, len)
+        } else {
+            x.min(len)
+        }
+    };
     let (b, e) = (norm(start), norm(end));
     (b, e.max(b))
 }
@@ -837,32 +1091,86 @@ pub fn tensor_value(t: &TensorProto) -> Option<Value> {
     let dims = t.dims.clone();
     let dt = DataType::try_from(t.data_type).ok()?;
     let v = match dt {
-        DataType::Bool => Value::Bools(dims, tensor::to_i64(t).ok()?.into_iter().map(|x| x != 0).collect()),
+        DataType::Bool => Value::Bools(
+            dims,
+            tensor::to_i64(t)
+                .ok()?
+                .into_iter()
+                .map(|x| x != 0)
+                .collect(),
+        ),
         DataType::Float | DataType::Double | DataType::Float16 | DataType::Bfloat16 => {
-            Value::Floats(dims, tensor::to_f32(t).ok()?.into_iter().map(|x| x as f64).collect())
+            Value::Floats(
+                dims,
+                tensor::to_f32(t)
+                    .ok()?
+                    .into_iter()
+                    .map(|x| x as f64)
+                    .collect(),
+            )
         }
-        _ => Value::Ints(dims, tensor::to_i64(t).ok()?.into_iter().map(Dim::known).collect()),
+        _ => Value::Ints(
+            dims,
+            tensor::to_i64(t)
+                .ok()?
+                .into_iter()
+                .map(Dim::known)
+                .collect(),
+        ),
     };
     (v.len() == n).then_some(v)
 }
 
 fn cast_value(v: &Value, to: i32) -> Option<Value> {
     let to = DataType::try_from(to).ok()?;
-    let is_float = matches!(to, DataType::Float | DataType::Double | DataType::Float16 | DataType::Bfloat16);
-    let is_int = matches!(to, DataType::Int64 | DataType::Int32 | DataType::Int16 | DataType::Int8 | DataType::Uint8 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64);
+    let is_float = matches!(
+        to,
+        DataType::Float | DataType::Double | DataType::Float16 | DataType::Bfloat16
+    );
+    let is_int = matches!(
+        to,
+        DataType::Int64
+            | DataType::Int32
+            | DataType::Int16
+            | DataType::Int8
+            | DataType::Uint8
+            | DataType::Uint16
+            | DataType::Uint32
+            | DataType::Uint64
+    );
     match v {
         Value::Ints(d, x) if is_int => Some(Value::Ints(d.clone(), x.clone())),
         Value::Ints(d, x) if is_float => {
             let k: Option<Vec<f64>> = x.iter().map(|d| d.as_known().map(|v| v as f64)).collect();
             // Rounding to the target float type matters for exactness of later arithmetic.
-            let k = k?.into_iter().map(|v| if to == DataType::Float { v as f32 as f64 } else { v }).collect();
+            let k = k?
+                .into_iter()
+                .map(|v| {
+                    if to == DataType::Float {
+                        v as f32 as f64
+                    } else {
+                        v
+                    }
+                })
+                .collect();
             Some(Value::Floats(d.clone(), k))
         }
         Value::Floats(d, x) if is_float => Some(Value::Floats(
             d.clone(),
-            x.iter().map(|&v| if to == DataType::Float { v as f32 as f64 } else { v }).collect(),
+            x.iter()
+                .map(|&v| {
+                    if to == DataType::Float {
+                        v as f32 as f64
+                    } else {
+                        v
+                    }
+                })
+                .collect(),
         )),
-        Value::Floats(d, x) if is_int => Some(Value::Ints(d.clone(), x.iter().map(|&v| Dim::known(v.trunc() as i64)).collect())),
+        Value::Floats(d, x) if is_int => Some(Value::Ints(
+            d.clone(),
+            x.iter().map(|&v| Dim::known(v.trunc() as i64)).collect(),
+        )),
         Value::Bools(d, x) if to == DataType::Bool => Some(Value::Bools(d.clone(), x.clone())),
         _ => None,
     }
@@ -879,22 +1187,55 @@ fn eval_elementwise(op: &str, vals: &[&Value]) -> Option<Value> {
     if vals.iter().any(|v| v.dims().len() > dims.len()) {
         return None;
     }
-    let pick = |i: usize, k: usize| -> usize { if vals[k].len() == 1 { 0 } else { i } };
+    let pick = |i: usize, k: usize| -> usize {
+        if vals[k].len() == 1 {
+            0
+        } else {
+            i
+        }
+    };
     match (op, vals) {
         ("Where", [Value::Bools(_, c), a, b]) => {
             let mut out = Vec::new();
             for i in 0..len {
                 let src = if c[pick(i, 0)] { a } else { b };
                 out.push(match src {
-                    Value::Ints(_, x) => Value::Ints(vec![], vec![x[pick(i, if c[pick(i, 0)] { 1 } else { 2 })].clone()]),
-                    Value::Floats(_, x) => Value::Floats(vec![], vec![x[pick(i, if c[pick(i, 0)] { 1 } else { 2 })]]),
+                    Value::Ints(_, x) => Value::Ints(
+                        vec![],
+                        vec![x[pick(i, if c[pick(i, 0)] { 1 } else { 2 })].clone()],
+                    ),
+                    Value::Floats(_, x) => {
+                        Value::Floats(vec![], vec![x[pick(i, if c[pick(i, 0)] { 1 } else { 2 })]])
+                    }
                     _ => return None,
                 });
             }
             if out.iter().all(|v| matches!(v, Value::Ints(..))) {
-                Some(Value::Ints(dims, out.into_iter().map(|v| if let Value::Ints(_, mut x) = v { x.remove(0) } else { unreachable!() }).collect()))
+                Some(Value::Ints(
+                    dims,
+                    out.into_iter()
+                        .map(|v| {
+                            if let Value::Ints(_, mut x) = v {
+                                x.remove(0)
+                            } else {
+                                unreachable!()
+                            }
+                        })
+                        .collect(),
+                ))
             } else if out.iter().all(|v| matches!(v, Value::Floats(..))) {
-                Some(Value::Floats(dims, out.into_iter().map(|v| if let Value::Floats(_, x) = v { x[0] } else { unreachable!() }).collect()))
+                Some(Value::Floats(
+                    dims,
+                    out.into_iter()
+                        .map(|v| {
+                            if let Value::Floats(_, x) = v {
+                                x[0]
+                            } else {
+                                unreachable!()
+                            }
+                        })
+                        .collect(),
+                ))
             } else {
                 None
             }
@@ -1017,22 +1358,45 @@ fn reshape_dims(input: &[Dim], target: &[Dim], allowzero: bool) -> Option<Vec<Di
 
 fn unsqueeze_dims(s: &[Dim], axes: &[i64]) -> Option<Vec<Dim>> {
     let r = (s.len() + axes.len()) as i64;
-    let mut axes: Vec<i64> = axes.iter().map(|&a| if a < 0 { a + r } else { a }).collect();
+    let mut axes: Vec<i64> = axes
+        .iter()
+        .map(|&a| if a < 0 { a + r } else { a })
+        .collect();
     axes.sort_unstable();
     if axes.iter().any(|&a| !(0..r).contains(&a)) || axes.windows(2).any(|w| w[0] == w[1]) {
         return None;
     }
     let mut it = s.iter();
-    (0..r).map(|i| if axes.contains(&i) { Some(Dim::known(1)) } else { it.next().cloned() }).collect()
+    (0..r)
+        .map(|i| {
+            if axes.contains(&i) {
+                Some(Dim::known(1))
+            } else {
+                it.next().cloned()
+            }
+        })
+        .collect()
 }
 
 fn squeeze_dims(s: &[Dim], axes: &[i64]) -> Option<Vec<Dim>> {
     let r = s.len() as i64;
-    let axes: Vec<i64> = axes.iter().map(|&a| if a < 0 { a + r } else { a }).collect();
-    if axes.iter().any(|&a| !(0..r).contains(&a) || !s[a as usize].is(1)) {
+    let axes: Vec<i64> = axes
+        .iter()
+        .map(|&a| if a < 0 { a + r } else { a })
+        .collect();
+    if axes
+        .iter()
+        .any(|&a| !(0..r).contains(&a) || !s[a as usize].is(1))
+    {
         return None;
     }
-    Some(s.iter().enumerate().filter(|(i, _)| !axes.contains(&(*i as i64))).map(|(_, d)| d.clone()).collect())
+    Some(
+        s.iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(&(*i as i64)))
+            .map(|(_, d)| d.clone())
+            .collect(),
+    )
 }
 
 fn concat_shape(shapes: &[Vec<Dim>], axis: i64) -> Option<Vec<Dim>> {

@@ -140,7 +140,10 @@ impl FusionReport {
             }
         }
         for m in &self.near_misses {
-            lines.push(format!("not fused: {} (rule {}): at {}: {}", m.softmax, m.rule, m.node, m.reason));
+            lines.push(format!(
+                "not fused: {} (rule {}): at {}: {}",
+                m.softmax, m.rule, m.node, m.reason
+            ));
         }
         lines.extend(self.notes.iter().map(|n| format!("note: {n}")));
         lines
@@ -154,7 +157,11 @@ pub const ATTENTION_OPSET: i64 = 23;
 pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
     validate_model(model).context("the input model is not valid")?;
     let opset_before = opset::default_version(model).unwrap_or(1);
-    let mut report = FusionReport { opset_before, opset_after: opset_before, ..Default::default() };
+    let mut report = FusionReport {
+        opset_before,
+        opset_after: opset_before,
+        ..Default::default()
+    };
     let graph = model.graph.as_ref().context("the model has no graph")?;
 
     // Pass 1: which Softmax nodes fuse, on the input as it is.
@@ -167,38 +174,61 @@ pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
             continue;
         }
         if let Some(reason) = precheck(opset_before, n) {
-            report.near_misses.push(near_miss(n, &node_label(n), reason));
+            report
+                .near_misses
+                .push(near_miss(n, &node_label(n), reason));
             continue;
         }
         match attention::check(&view, i) {
             Ok(m) if options.strict && !m.caveats.is_empty() => report.near_misses.push(near_miss(
                 n,
                 &node_label(n),
-                format!("strict: fusion would have caveats: {}", m.caveats.join("; ")),
+                format!(
+                    "strict: fusion would have caveats: {}",
+                    m.caveats.join("; ")
+                ),
             )),
             Ok(_) => candidates.push(n.output[0].clone()),
             Err(r) => report.near_misses.push(near_miss(n, &r.node, r.reason)),
         }
     }
     if candidates.is_empty() {
-        return Ok(Fused { model: model.clone(), report });
+        return Ok(Fused {
+            model: model.clone(),
+            report,
+        });
     }
 
     // The Attention op needs opset 23; raise it only now that something will be fused.
     let (mut work, up) = match upgrade::raise_opset(model, ATTENTION_OPSET) {
         Ok(x) => x,
         Err(e) => {
-            report.notes.push(format!("nothing fused: cannot raise the opset to {ATTENTION_OPSET}: {e:#}"));
+            report.notes.push(format!(
+                "nothing fused: cannot raise the opset to {ATTENTION_OPSET}: {e:#}"
+            ));
             for c in &candidates {
-                report.near_misses.push(NearMiss { softmax: c.clone(), rule: "attention".into(), node: "(model)".into(), reason: format!("opset cannot be raised: {e:#}") });
+                report.near_misses.push(NearMiss {
+                    softmax: c.clone(),
+                    rule: "attention".into(),
+                    node: "(model)".into(),
+                    reason: format!("opset cannot be raised: {e:#}"),
+                });
             }
-            return Ok(Fused { model: model.clone(), report });
+            return Ok(Fused {
+                model: model.clone(),
+                report,
+            });
         }
     };
     if up.from != up.to {
-        report.notes.push(format!("default-domain opset raised {} → {}", up.from, up.to));
+        report.notes.push(format!(
+            "default-domain opset raised {} → {}",
+            up.from, up.to
+        ));
     }
-    report.notes.extend(up.converted.iter().map(|c| format!("converted {c}")));
+    report
+        .notes
+        .extend(up.converted.iter().map(|c| format!("converted {c}")));
     report.opset_after = up.to;
 
     // Pass 2: rewrite one block at a time, re-checking on the current graph.
@@ -206,12 +236,23 @@ pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
         let g = work.graph.as_ref().context("no graph")?;
         let order = topo_order(g)?;
         let view = graph::GraphView::new(g, &order);
-        let Some(sm) = g.node.iter().position(|n| n.op_type == "Softmax" && n.output.first() == Some(&sm_out)) else { continue };
+        let Some(sm) = g
+            .node
+            .iter()
+            .position(|n| n.op_type == "Softmax" && n.output.first() == Some(&sm_out))
+        else {
+            continue;
+        };
         let sm_label = node_label(&g.node[sm]);
         let m = match attention::check(&view, sm) {
             Ok(m) => m,
             Err(r) => {
-                report.near_misses.push(NearMiss { softmax: sm_label, rule: "attention".into(), node: r.node, reason: r.reason });
+                report.near_misses.push(NearMiss {
+                    softmax: sm_label,
+                    rule: "attention".into(),
+                    node: r.node,
+                    reason: r.reason,
+                });
                 continue;
             }
         };
@@ -219,7 +260,9 @@ pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
         let mut next = work.clone();
         let done = rewrite::rewrite(next.graph.as_mut().context("no graph")?, &m, &name)
             .with_context(|| format!("fusing the block of Softmax {sm_label}"))?;
-        validate_model(&next).with_context(|| format!("the model is invalid after fusing {name} (Softmax {sm_label})"))?;
+        validate_model(&next).with_context(|| {
+            format!("the model is invalid after fusing {name} (Softmax {sm_label})")
+        })?;
         work = next;
         let layout = match m.layout {
             attention::Layout::ThreeD { .. } => "3d",
@@ -245,17 +288,29 @@ pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
     }
     if report.blocks.is_empty() {
         report.opset_after = opset_before;
-        return Ok(Fused { model: model.clone(), report });
+        return Ok(Fused {
+            model: model.clone(),
+            report,
+        });
     }
-    Ok(Fused { model: work, report })
+    Ok(Fused {
+        model: work,
+        report,
+    })
 }
 
 fn near_miss(softmax: &attnrt_onnx::NodeProto, node: &str, reason: String) -> NearMiss {
-    NearMiss { softmax: node_label(softmax), rule: "attention".into(), node: node.to_string(), reason }
+    NearMiss {
+        softmax: node_label(softmax),
+        rule: "attention".into(),
+        node: node.to_string(),
+        reason,
+    }
 }
 
 /// Checks that do not need the graph: Softmax before opset 13 defaults to axis 1 and flattens.
 fn precheck(opset: i64, n: &attnrt_onnx::NodeProto) -> Option<String> {
     let has_axis = n.attribute.iter().any(|a| a.name == "axis");
-    (opset < 13 && !has_axis).then(|| format!("opset {opset} Softmax without `axis` (defaults to 1 and flattens)"))
+    (opset < 13 && !has_axis)
+        .then(|| format!("opset {opset} Softmax without `axis` (defaults to 1 and flattens)"))
 }

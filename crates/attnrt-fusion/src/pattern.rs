@@ -60,8 +60,18 @@ pub fn scalar(name: &'static str) -> Pat {
 }
 
 /// `op(name, ops, inputs)`: a node of one of `ops` with these inputs.
-pub fn op<const N: usize>(name: &'static str, ops: &'static [&'static str], inputs: [Pat; N]) -> Pat {
-    Pat::Op(Box::new(OpPat { name, ops, inputs: inputs.into(), commutative: false, checks: vec![] }))
+pub fn op<const N: usize>(
+    name: &'static str,
+    ops: &'static [&'static str],
+    inputs: [Pat; N],
+) -> Pat {
+    Pat::Op(Box::new(OpPat {
+        name,
+        ops,
+        inputs: inputs.into(),
+        commutative: false,
+        checks: vec![],
+    }))
 }
 
 /// Alternatives, tried in order.
@@ -116,7 +126,10 @@ impl Captures {
 
     fn bind_tensor(&mut self, name: &'static str, tensor: &str) -> Result<(), Failure> {
         match self.tensors.get(name) {
-            Some(t) if t != tensor => Err(Failure::new(tensor, format!("'{name}' is bound to '{t}', not '{tensor}'"))),
+            Some(t) if t != tensor => Err(Failure::new(
+                tensor,
+                format!("'{name}' is bound to '{t}', not '{tensor}'"),
+            )),
             Some(_) => Ok(()),
             None => {
                 self.tensors.insert(name, tensor.to_string());
@@ -137,18 +150,31 @@ pub struct Failure {
 
 impl Failure {
     fn new(tensor: &str, reason: String) -> Failure {
-        Failure { tensor: tensor.to_string(), reason }
+        Failure {
+            tensor: tensor.to_string(),
+            reason,
+        }
     }
 }
 
 /// Matches `pat` against `tensor`, adding to `caps`. On failure `caps` may hold partial
 /// bindings; callers that retry pass a clone.
-pub fn match_tensor(view: &GraphView, tensor: &str, pat: &Pat, caps: &mut Captures) -> Result<(), Failure> {
+pub fn match_tensor(
+    view: &GraphView,
+    tensor: &str,
+    pat: &Pat,
+    caps: &mut Captures,
+) -> Result<(), Failure> {
     match pat {
         Pat::Any(name) => caps.bind_tensor(name, tensor),
         Pat::Scalar(name) => match view.value(tensor) {
-            Some(v @ (Value::Floats(..) | Value::Ints(..))) if v.scalar_f64().is_some() => caps.bind_tensor(name, tensor),
-            _ => Err(Failure::new(tensor, format!("{name}: '{tensor}' is not a single number known before run time"))),
+            Some(v @ (Value::Floats(..) | Value::Ints(..))) if v.scalar_f64().is_some() => {
+                caps.bind_tensor(name, tensor)
+            }
+            _ => Err(Failure::new(
+                tensor,
+                format!("{name}: '{tensor}' is not a single number known before run time"),
+            )),
         },
         Pat::Alt(alts) => {
             let mut reasons = Vec::new();
@@ -163,34 +189,72 @@ pub fn match_tensor(view: &GraphView, tensor: &str, pat: &Pat, caps: &mut Captur
                     Err(f) => reasons.push(format!("{tag}: {}", f.reason)),
                 }
             }
-            Err(Failure::new(tensor, format!("no variant matched ({})", reasons.join("; "))))
+            Err(Failure::new(
+                tensor,
+                format!("no variant matched ({})", reasons.join("; ")),
+            ))
         }
         Pat::Op(o) => {
             let Some(idx) = view.producer(tensor) else {
-                return Err(Failure::new(tensor, format!("{}: '{tensor}' is not produced by a node (expected {})", o.name, o.ops.join("|"))));
-            };
-            let node = view.node(idx);
-            if !attnrt_onnx::opset::is_default_domain(&node.domain) || !o.ops.contains(&node.op_type.as_str()) {
                 return Err(Failure::new(
                     tensor,
-                    format!("{}: expected {} producing '{tensor}', found {} ({})", o.name, o.ops.join("|"), node.op_type, attnrt_onnx::node_label(node)),
+                    format!(
+                        "{}: '{tensor}' is not produced by a node (expected {})",
+                        o.name,
+                        o.ops.join("|")
+                    ),
+                ));
+            };
+            let node = view.node(idx);
+            if !attnrt_onnx::opset::is_default_domain(&node.domain)
+                || !o.ops.contains(&node.op_type.as_str())
+            {
+                return Err(Failure::new(
+                    tensor,
+                    format!(
+                        "{}: expected {} producing '{tensor}', found {} ({})",
+                        o.name,
+                        o.ops.join("|"),
+                        node.op_type,
+                        attnrt_onnx::node_label(node)
+                    ),
                 ));
             }
             let inputs: Vec<&str> = node.input.iter().map(String::as_str).collect();
             if inputs.len() != o.inputs.len() {
                 return Err(Failure::new(
                     tensor,
-                    format!("{}: {} has {} inputs, expected {}", o.name, attnrt_onnx::node_label(node), inputs.len(), o.inputs.len()),
+                    format!(
+                        "{}: {} has {} inputs, expected {}",
+                        o.name,
+                        attnrt_onnx::node_label(node),
+                        inputs.len(),
+                        o.inputs.len()
+                    ),
                 ));
             }
             for check in &o.checks {
-                check(view, node).map_err(|r| Failure::new(tensor, format!("{} {}: {r}", o.name, attnrt_onnx::node_label(node))))?;
+                check(view, node).map_err(|r| {
+                    Failure::new(
+                        tensor,
+                        format!("{} {}: {r}", o.name, attnrt_onnx::node_label(node)),
+                    )
+                })?;
             }
             match caps.nodes.get(o.name) {
-                Some(&prev) if prev != idx => return Err(Failure::new(tensor, format!("'{}' bound to another node", o.name))),
+                Some(&prev) if prev != idx => {
+                    return Err(Failure::new(
+                        tensor,
+                        format!("'{}' bound to another node", o.name),
+                    ))
+                }
                 _ => {}
             }
-            let orders: Vec<Vec<usize>> = if o.commutative && inputs.len() == 2 { vec![vec![0, 1], vec![1, 0]] } else { vec![(0..inputs.len()).collect()] };
+            let orders: Vec<Vec<usize>> = if o.commutative && inputs.len() == 2 {
+                vec![vec![0, 1], vec![1, 0]]
+            } else {
+                vec![(0..inputs.len()).collect()]
+            };
             let mut last = None;
             for order in orders {
                 let mut trial = caps.clone();

@@ -18,7 +18,9 @@ fn attr_text(a: &AttributeProto) -> String {
         AttributeType::Ints => format!("{:?}", a.ints),
         AttributeType::Floats => format!("{:?}", a.floats),
         AttributeType::String => format!("{:?}", String::from_utf8_lossy(&a.s)),
-        AttributeType::Tensor => a.t.as_ref().map_or("tensor".into(), |t| format!("tensor{:?}{}", t.dims, small_value(t))),
+        AttributeType::Tensor => a.t.as_ref().map_or("tensor".into(), |t| {
+            format!("tensor{:?}{}", t.dims, small_value(t))
+        }),
         AttributeType::Graph => "graph".into(),
         _ => "…".into(),
     };
@@ -32,7 +34,13 @@ fn small_value(t: &attnrt_onnx::TensorProto) -> String {
     }
     match tensor_value(t) {
         Some(Value::Floats(_, v)) => format!("{v:?}"),
-        Some(Value::Ints(_, v)) => format!("[{}]", v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+        Some(Value::Ints(_, v)) => format!(
+            "[{}]",
+            v.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         Some(Value::Bools(_, v)) => format!("{v:?}"),
         None => String::new(),
     }
@@ -54,7 +62,12 @@ fn vi_text(vi: &ValueInfoProto) -> String {
                     .collect::<Vec<_>>()
                     .join(", ")
             });
-            format!("{} {}[{}]", vi.name, tensor::type_name(tt.elem_type), dims.unwrap_or_else(|| "…".into()))
+            format!(
+                "{} {}[{}]",
+                vi.name,
+                tensor::type_name(tt.elem_type),
+                dims.unwrap_or_else(|| "…".into())
+            )
         }
         _ => vi.name.clone(),
     }
@@ -68,10 +81,25 @@ pub fn structure_text(model: &ModelProto) -> String {
     let mut imports: Vec<String> = model
         .opset_import
         .iter()
-        .map(|o| format!("{}={}", if o.domain.is_empty() { "ai.onnx" } else { &o.domain }, o.version))
+        .map(|o| {
+            format!(
+                "{}={}",
+                if o.domain.is_empty() {
+                    "ai.onnx"
+                } else {
+                    &o.domain
+                },
+                o.version
+            )
+        })
         .collect();
     imports.sort();
-    let _ = writeln!(s, "ir_version {}; opsets {}", model.ir_version, imports.join(", "));
+    let _ = writeln!(
+        s,
+        "ir_version {}; opsets {}",
+        model.ir_version,
+        imports.join(", ")
+    );
     let Some(g) = model.graph.as_ref() else {
         s.push_str("(no graph)\n");
         return s;
@@ -86,14 +114,29 @@ pub fn structure_text(model: &ModelProto) -> String {
     let _ = writeln!(s, "initializers {}", g.initializer.len());
     for t in &g.initializer {
         if tensor::element_count(&t.dims, 1 << 40).unwrap_or(u64::MAX) <= 8 {
-            let _ = writeln!(s, "  {} {}{:?} {}", t.name, tensor::type_name(t.data_type), t.dims, small_value(t));
+            let _ = writeln!(
+                s,
+                "  {} {}{:?} {}",
+                t.name,
+                tensor::type_name(t.data_type),
+                t.dims,
+                small_value(t)
+            );
         }
     }
     let _ = writeln!(s, "nodes {}", g.node.len());
     for n in &g.node {
-        let domain = if n.domain.is_empty() { String::new() } else { format!("{}::", n.domain) };
+        let domain = if n.domain.is_empty() {
+            String::new()
+        } else {
+            format!("{}::", n.domain)
+        };
         let attrs: Vec<String> = n.attribute.iter().map(attr_text).collect();
-        let attrs = if attrs.is_empty() { String::new() } else { format!(" {{{}}}", attrs.join(", ")) };
+        let attrs = if attrs.is_empty() {
+            String::new()
+        } else {
+            format!(" {{{}}}", attrs.join(", "))
+        };
         let _ = writeln!(
             s,
             "  {domain}{}{attrs} [{}] ({}) -> ({})",
@@ -113,24 +156,39 @@ fn esc(s: &str) -> String {
 /// Graphviz DOT text of fused block `block` before (the nodes it replaced, in `original`) and
 /// after (the fused node and the nodes inserted with it, in `fused.model`).
 pub fn block_dot(original: &ModelProto, fused: &Fused, block: usize) -> String {
-    let mut s = String::from("digraph attnrt_block {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n");
+    let mut s = String::from(
+        "digraph attnrt_block {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n",
+    );
     let Some(b) = fused.report.blocks.get(block) else {
         let _ = writeln!(s, "  missing [label=\"no block {block}\"];\n}}");
         return s;
     };
     let replaced: HashSet<&str> = b.replaced.iter().map(String::as_str).collect();
     let cluster = |s: &mut String, tag: &str, title: &str, nodes: Vec<&attnrt_onnx::NodeProto>| {
-        let _ = writeln!(s, "  subgraph cluster_{tag} {{\n    label=\"{}\";", esc(title));
-        let produced: HashSet<&str> = nodes.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
+        let _ = writeln!(
+            s,
+            "  subgraph cluster_{tag} {{\n    label=\"{}\";",
+            esc(title)
+        );
+        let produced: HashSet<&str> = nodes
+            .iter()
+            .flat_map(|n| n.output.iter().map(String::as_str))
+            .collect();
         for (i, n) in nodes.iter().enumerate() {
-            let _ = writeln!(s, "    {tag}_n{i} [label=\"{}\\n{}\"];", esc(&n.op_type), esc(&node_label(n)));
+            let _ = writeln!(
+                s,
+                "    {tag}_n{i} [label=\"{}\\n{}\"];",
+                esc(&n.op_type),
+                esc(&node_label(n))
+            );
         }
         let mut externals: Vec<&str> = Vec::new();
         for (i, n) in nodes.iter().enumerate() {
             for inp in n.input.iter().filter(|x| !x.is_empty()) {
                 match nodes.iter().position(|m| m.output.contains(inp)) {
                     Some(j) => {
-                        let _ = writeln!(s, "    {tag}_n{j} -> {tag}_n{i} [label=\"{}\"];", esc(inp));
+                        let _ =
+                            writeln!(s, "    {tag}_n{j} -> {tag}_n{i} [label=\"{}\"];", esc(inp));
                     }
                     None => {
                         let k = externals.iter().position(|e| e == inp).unwrap_or_else(|| {
@@ -162,7 +220,12 @@ pub fn block_dot(original: &ModelProto, fused: &Fused, block: usize) -> String {
         .flat_map(|g| g.node.iter())
         .filter(|n| n.name == b.node || n.name.starts_with(&prefix))
         .collect();
-    cluster(&mut s, "before", &format!("before: {} nodes", before.len()), before);
+    cluster(
+        &mut s,
+        "before",
+        &format!("before: {} nodes", before.len()),
+        before,
+    );
     cluster(&mut s, "after", &format!("after: {}", b.node), after);
     s.push_str("}\n");
     s

@@ -5,8 +5,12 @@ use attnrt_fusion::graph::{shape_str, GraphView};
 #[test]
 #[ignore]
 fn print_inferred_shapes() {
-    let Ok(path) = std::env::var("ATTNRT_MODEL") else { return };
-    let m = attnrt_onnx::load_model(std::path::Path::new(&path), &Default::default()).unwrap().model;
+    let Ok(path) = std::env::var("ATTNRT_MODEL") else {
+        return;
+    };
+    let m = attnrt_onnx::load_model(std::path::Path::new(&path), &Default::default())
+        .unwrap()
+        .model;
     let g = m.graph.as_ref().unwrap();
     let order = attnrt_onnx::validate::topo_order(g).unwrap();
     let view = GraphView::new(g, &order);

@@ -5,7 +5,10 @@
 use attnrt_fusion::{fuse, structure_text, Fused, FusionOptions};
 use attnrt_onnx::proto::tensor_shape_proto::{dimension, Dimension};
 use attnrt_onnx::proto::{type_proto, TensorShapeProto, TypeProto};
-use attnrt_onnx::{attr, tensor, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, ValueInfoProto};
+use attnrt_onnx::{
+    attr, tensor, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+    ValueInfoProto,
+};
 use prost::Message;
 
 /// A tiny graph builder: inputs with symbolic or static dims, initializers, nodes with
@@ -47,7 +50,9 @@ impl Builder {
     }
     fn bool_input(&mut self, name: &str, dims: &[&str]) -> String {
         let mut v = vi(name, dims);
-        if let Some(type_proto::Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+        if let Some(type_proto::Value::TensorType(t)) =
+            v.r#type.as_mut().and_then(|t| t.value.as_mut())
+        {
             t.elem_type = attnrt_onnx::DataType::Bool as i32;
         }
         self.g.input.push(v);
@@ -56,17 +61,23 @@ impl Builder {
     fn f32(&mut self, dims: &[i64], values: &[f32]) -> String {
         self.count += 1;
         let name = format!("c{}", self.count);
-        self.g.initializer.push(tensor::from_f32(&name, dims, values));
+        self.g
+            .initializer
+            .push(tensor::from_f32(&name, dims, values));
         name
     }
     fn weight(&mut self, rows: i64, cols: i64) -> String {
-        let vals: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 500.0).collect();
+        let vals: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 500.0)
+            .collect();
         self.f32(&[rows, cols], &vals)
     }
     fn i64s(&mut self, values: &[i64]) -> String {
         self.count += 1;
         let name = format!("c{}", self.count);
-        self.g.initializer.push(tensor::from_i64(&name, &[values.len() as i64], values));
+        self.g
+            .initializer
+            .push(tensor::from_i64(&name, &[values.len() as i64], values));
         name
     }
     fn op(&mut self, op: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> String {
@@ -95,7 +106,10 @@ impl Builder {
     fn model(self, opset: i64) -> ModelProto {
         ModelProto {
             ir_version: 8,
-            opset_import: vec![OperatorSetIdProto { domain: String::new(), version: opset }],
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: opset,
+            }],
             graph: Some(self.g),
             ..Default::default()
         }
@@ -152,8 +166,16 @@ impl Default for Cfg {
 fn mha(cfg: &Cfg) -> ModelProto {
     let mut b = Builder::default();
     // GQA's repeat targets are constants here, so its batch and length are static.
-    let x = if cfg.kv_heads != 4 { b.input("x", &["2", "5", "64"]) } else { b.input("x", &["B", "L", "64"]) };
-    let kv_src = if cfg.cross { b.input("y", &["B", "S", "64"]) } else { x.clone() };
+    let x = if cfg.kv_heads != 4 {
+        b.input("x", &["2", "5", "64"])
+    } else {
+        b.input("x", &["B", "L", "64"])
+    };
+    let kv_src = if cfg.cross {
+        b.input("y", &["B", "S", "64"])
+    } else {
+        x.clone()
+    };
     let kv_dim = cfg.kv_heads * 16;
     let (wq, wk, wv) = (b.weight(64, 64), b.weight(64, kv_dim), b.weight(64, kv_dim));
     let q = b.op("MatMul", &[&x, &wq], vec![]);
@@ -219,7 +241,11 @@ fn mha(cfg: &Cfg) -> ModelProto {
             s = b.op("Where", &[&m, &c, &s], vec![]);
         }
     }
-    let p = b.op("Softmax", &[&s], vec![attr::make_int("axis", cfg.softmax_axis)]);
+    let p = b.op(
+        "Softmax",
+        &[&s],
+        vec![attr::make_int("axis", cfg.softmax_axis)],
+    );
     let ctx = b.op("MatMul", &[&p, &v4], vec![]);
     let t = b.transpose(&ctx, &cfg.merge_perm);
     let out = b.reshape(&t, &[0, -1, 64]);
@@ -241,14 +267,23 @@ fn run(cfg: &Cfg) -> Fused {
     let f = fuse(&m, &FusionOptions::default()).expect("fuse");
     attnrt_onnx::validate_model(&f.model).expect("fused graph valid");
     let again = fuse(&m, &FusionOptions::default()).unwrap();
-    assert_eq!(f.model.encode_to_vec(), again.model.encode_to_vec(), "deterministic");
+    assert_eq!(
+        f.model.encode_to_vec(),
+        again.model.encode_to_vec(),
+        "deterministic"
+    );
     f
 }
 
 fn attention(f: &Fused) -> &NodeProto {
     let g = f.model.graph.as_ref().unwrap();
     let nodes: Vec<&NodeProto> = g.node.iter().filter(|n| n.op_type == "Attention").collect();
-    assert_eq!(nodes.len(), 1, "one Attention node expected:\n{}", structure_text(&f.model));
+    assert_eq!(
+        nodes.len(),
+        1,
+        "one Attention node expected:\n{}",
+        structure_text(&f.model)
+    );
     nodes[0]
 }
 
@@ -289,9 +324,16 @@ fn fused_one(cfg: &Cfg) -> (Fused, NodeProto) {
 
 fn not_fused(cfg: &Cfg) -> String {
     let f = run(cfg);
-    assert!(f.report.blocks.is_empty(), "should not fuse:\n{}", structure_text(&f.model));
+    assert!(
+        f.report.blocks.is_empty(),
+        "should not fuse:\n{}",
+        structure_text(&f.model)
+    );
     assert_eq!(f.report.near_misses.len(), 1);
-    assert_eq!(f.report.opset_after, 17, "opset untouched when nothing fuses");
+    assert_eq!(
+        f.report.opset_after, 17,
+        "opset untouched when nothing fuses"
+    );
     let nm = &f.report.near_misses[0];
     format!("{}: {}", nm.node, nm.reason)
 }
@@ -322,33 +364,66 @@ fn canonical_div_scale_fuses_3d() {
 
 #[test]
 fn mul_scale() {
-    let (_, n) = fused_one(&Cfg { scale: Scale::Mul(0.125), ..Default::default() });
+    let (_, n) = fused_one(&Cfg {
+        scale: Scale::Mul(0.125),
+        ..Default::default()
+    });
     assert_eq!(scale_attr(&n), Some(0.125));
 }
 
 #[test]
 fn no_scale_sets_scale_one() {
-    let (_, n) = fused_one(&Cfg { scale: Scale::None, ..Default::default() });
-    assert_eq!(scale_attr(&n), Some(1.0), "the op's default is 1/sqrt(d), T5 has none");
+    let (_, n) = fused_one(&Cfg {
+        scale: Scale::None,
+        ..Default::default()
+    });
+    assert_eq!(
+        scale_attr(&n),
+        Some(1.0),
+        "the op's default is 1/sqrt(d), T5 has none"
+    );
 }
 
 #[test]
 fn split_scale_on_q_and_kt() {
-    let (f, n) = fused_one(&Cfg { scale: Scale::Split(0.5), ..Default::default() });
+    let (f, n) = fused_one(&Cfg {
+        scale: Scale::Split(0.5),
+        ..Default::default()
+    });
     assert_eq!(scale_attr(&n), Some(0.25));
-    assert!(!f.model.graph.as_ref().unwrap().node.iter().any(|n| n.op_type == "Mul"));
+    assert!(!f
+        .model
+        .graph
+        .as_ref()
+        .unwrap()
+        .node
+        .iter()
+        .any(|n| n.op_type == "Mul"));
 }
 
 #[test]
 fn k_transposed_twice() {
-    let (f, n) = fused_one(&Cfg { k_twice: true, ..Default::default() });
+    let (f, n) = fused_one(&Cfg {
+        k_twice: true,
+        ..Default::default()
+    });
     assert_eq!(int_attr(&n, "q_num_heads"), Some(4));
-    assert!(!f.model.graph.as_ref().unwrap().node.iter().any(|n| n.op_type == "Transpose"));
+    assert!(!f
+        .model
+        .graph
+        .as_ref()
+        .unwrap()
+        .node
+        .iter()
+        .any(|n| n.op_type == "Transpose"));
 }
 
 #[test]
 fn additive_mask_is_passed_through() {
-    let (f, n) = fused_one(&Cfg { mask: Mask::Add(vec!["B", "1", "1", "L"]), ..Default::default() });
+    let (f, n) = fused_one(&Cfg {
+        mask: Mask::Add(vec!["B", "1", "1", "L"]),
+        ..Default::default()
+    });
     assert_eq!(mask_tensor(&f, &n), "mask");
     assert_eq!(f.report.blocks[0].mask, "additive");
     assert!(f.report.blocks[0].caveats.is_empty());
@@ -356,7 +431,10 @@ fn additive_mask_is_passed_through() {
 
 #[test]
 fn finite_fill_becomes_additive_with_caveat_and_strict_refuses() {
-    let cfg = Cfg { mask: Mask::Fill(-1e9), ..Default::default() };
+    let cfg = Cfg {
+        mask: Mask::Fill(-1e9),
+        ..Default::default()
+    };
     let (f, n) = fused_one(&cfg);
     let w = mask_producer(&f, &n).unwrap();
     assert_eq!(w.op_type, "Where");
@@ -369,7 +447,10 @@ fn finite_fill_becomes_additive_with_caveat_and_strict_refuses() {
 
 #[test]
 fn neg_inf_fill_becomes_bool_mask() {
-    let (f, n) = fused_one(&Cfg { mask: Mask::Fill(f32::NEG_INFINITY), ..Default::default() });
+    let (f, n) = fused_one(&Cfg {
+        mask: Mask::Fill(f32::NEG_INFINITY),
+        ..Default::default()
+    });
     let not = mask_producer(&f, &n).unwrap();
     assert_eq!(not.op_type, "Not");
     assert_eq!(not.input, vec!["pad".to_string()]);
@@ -378,17 +459,39 @@ fn neg_inf_fill_becomes_bool_mask() {
 
 #[test]
 fn gqa_uses_kv_before_the_repeat() {
-    let (f, n) = fused_one(&Cfg { kv_heads: 2, ..Default::default() });
-    assert_eq!(int_attr(&n, "kv_num_heads"), Some(2), "{}", structure_text(&f.model));
+    let (f, n) = fused_one(&Cfg {
+        kv_heads: 2,
+        ..Default::default()
+    });
+    assert_eq!(
+        int_attr(&n, "kv_num_heads"),
+        Some(2),
+        "{}",
+        structure_text(&f.model)
+    );
     assert_eq!(int_attr(&n, "q_num_heads"), Some(4));
-    assert!(!f.model.graph.as_ref().unwrap().node.iter().any(|n| n.op_type == "Expand"));
+    assert!(!f
+        .model
+        .graph
+        .as_ref()
+        .unwrap()
+        .node
+        .iter()
+        .any(|n| n.op_type == "Expand"));
 }
 
 #[test]
 fn cross_attention() {
-    let (f, n) = fused_one(&Cfg { cross: true, ..Default::default() });
+    let (f, n) = fused_one(&Cfg {
+        cross: true,
+        ..Default::default()
+    });
     let g = f.model.graph.as_ref().unwrap();
-    let k_src = g.node.iter().find(|m| m.output.contains(&n.input[1])).unwrap();
+    let k_src = g
+        .node
+        .iter()
+        .find(|m| m.output.contains(&n.input[1]))
+        .unwrap();
     assert_eq!(k_src.input[0], "y");
 }
 
@@ -405,7 +508,11 @@ fn four_d_inputs_without_head_split() {
     b.output(&o, &["B", "4", "L", "16"]);
     let f = fuse(&b.model(17), &FusionOptions::default()).unwrap();
     let n = attention(&f);
-    assert_eq!(n.input, vec!["q".to_string(), "k".into(), "v".into()], "Kᵀ's transpose cancels");
+    assert_eq!(
+        n.input,
+        vec!["q".to_string(), "k".into(), "v".into()],
+        "Kᵀ's transpose cancels"
+    );
     assert_eq!(int_attr(n, "q_num_heads"), None);
     assert_eq!(f.report.blocks[0].layout, "4d");
     assert_eq!(f.model.graph.as_ref().unwrap().node.len(), 1);
@@ -413,39 +520,64 @@ fn four_d_inputs_without_head_split() {
 
 #[test]
 fn wrong_merge_perm_keeps_4d() {
-    let f = run(&Cfg { merge_perm: vec![0, 1, 2, 3], ..Default::default() });
+    let f = run(&Cfg {
+        merge_perm: vec![0, 1, 2, 3],
+        ..Default::default()
+    });
     assert_eq!(f.report.blocks.len(), 1);
     assert_eq!(f.report.blocks[0].layout, "4d");
-    assert!(f.report.blocks[0].rule.contains("Transpose[0, 2, 1, 3]"), "{}", f.report.blocks[0].rule);
+    assert!(
+        f.report.blocks[0].rule.contains("Transpose[0, 2, 1, 3]"),
+        "{}",
+        f.report.blocks[0].rule
+    );
 }
 
 #[test]
 fn near_miss_softmax_on_another_axis() {
-    let r = not_fused(&Cfg { softmax_axis: 2, ..Default::default() });
+    let r = not_fused(&Cfg {
+        softmax_axis: 2,
+        ..Default::default()
+    });
     assert!(r.contains("softmax over axis 2"), "{r}");
 }
 
 #[test]
 fn near_miss_scale_not_constant() {
-    let r = not_fused(&Cfg { scale: Scale::Input, ..Default::default() });
-    assert!(r.contains("not a single number known before run time"), "{r}");
+    let r = not_fused(&Cfg {
+        scale: Scale::Input,
+        ..Default::default()
+    });
+    assert!(
+        r.contains("not a single number known before run time"),
+        "{r}"
+    );
 }
 
 #[test]
 fn near_miss_intermediate_used_elsewhere() {
-    let r = not_fused(&Cfg { scores_used_elsewhere: true, ..Default::default() });
+    let r = not_fused(&Cfg {
+        scores_used_elsewhere: true,
+        ..Default::default()
+    });
     assert!(r.contains("is also used by"), "{r}");
 }
 
 #[test]
 fn near_miss_intermediate_is_graph_output() {
-    let r = not_fused(&Cfg { probs_is_output: true, ..Default::default() });
+    let r = not_fused(&Cfg {
+        probs_is_output: true,
+        ..Default::default()
+    });
     assert!(r.contains("is a graph output"), "{r}");
 }
 
 #[test]
 fn near_miss_mask_not_broadcastable() {
-    let r = not_fused(&Cfg { mask: Mask::Add(vec!["B", "1", "L", "T"]), ..Default::default() });
+    let r = not_fused(&Cfg {
+        mask: Mask::Add(vec!["B", "1", "L", "T"]),
+        ..Default::default()
+    });
     assert!(r.contains("does not broadcast"), "{r}");
 }
 
@@ -461,17 +593,28 @@ fn near_miss_heads_mismatch() {
     b.output(&o, &["B", "4", "L", "16"]);
     let f = fuse(&b.model(17), &FusionOptions::default()).unwrap();
     assert!(f.report.blocks.is_empty());
-    assert!(f.report.near_misses[0].reason.contains("heads"), "{:?}", f.report.near_misses);
+    assert!(
+        f.report.near_misses[0].reason.contains("heads"),
+        "{:?}",
+        f.report.near_misses
+    );
 }
 
 #[test]
 fn report_lines_and_dot() {
-    let m = mha(&Cfg { mask: Mask::Fill(-1e9), ..Default::default() });
+    let m = mha(&Cfg {
+        mask: Mask::Fill(-1e9),
+        ..Default::default()
+    });
     let f = fuse(&m, &FusionOptions::default()).unwrap();
     let s = f.report.summary_lines();
     assert!(s[0].starts_with("attnrt/Attention_0: Softmax_"), "{s:?}");
     assert!(s.last().unwrap().contains("opset 17 → 23"));
-    assert!(f.report.explain_lines().iter().any(|l| l.contains("caveat")));
+    assert!(f
+        .report
+        .explain_lines()
+        .iter()
+        .any(|l| l.contains("caveat")));
     let dot = attnrt_fusion::block_dot(&m, &f, 0);
     assert!(dot.starts_with("digraph"));
     assert!(dot.contains("Softmax") && dot.contains("Attention"));

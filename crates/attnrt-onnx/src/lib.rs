@@ -68,7 +68,12 @@ pub fn count_nodes(graph: &GraphProto) -> usize {
             1 + n
                 .attribute
                 .iter()
-                .map(|a| a.g.iter().chain(a.graphs.iter()).map(count_nodes).sum::<usize>())
+                .map(|a| {
+                    a.g.iter()
+                        .chain(a.graphs.iter())
+                        .map(count_nodes)
+                        .sum::<usize>()
+                })
                 .sum::<usize>()
         })
         .sum()

@@ -16,8 +16,8 @@ use crate::proto::{
     tensor_proto::DataType, tensor_shape_proto::dimension, type_proto, GraphProto, ModelProto,
     NodeProto, TensorProto, ValueInfoProto,
 };
-use crate::{node_label, opset::is_default_domain};
 pub use crate::Limits;
+use crate::{node_label, opset::is_default_domain};
 
 /// Constant tensors holding more values than this are not read as shapes (a shape has a few
 /// entries; reading a large initializer here would waste time for nothing).
@@ -49,9 +49,17 @@ struct Known<'a> {
     shapes: HashMap<&'a str, Vec<u64>>,
 }
 
-fn collect<'a>(g: &'a GraphProto, known: &mut Known<'a>, depth: usize, limits: &Limits) -> Result<()> {
+fn collect<'a>(
+    g: &'a GraphProto,
+    known: &mut Known<'a>,
+    depth: usize,
+    limits: &Limits,
+) -> Result<()> {
     if depth > limits.max_subgraph_depth {
-        bail!("subgraphs nested more than the limit of {} deep", limits.max_subgraph_depth);
+        bail!(
+            "subgraphs nested more than the limit of {} deep",
+            limits.max_subgraph_depth
+        );
     }
     for t in &g.initializer {
         known_tensor(t.name.as_str(), t, known);
@@ -77,7 +85,12 @@ fn collect<'a>(g: &'a GraphProto, known: &mut Known<'a>, depth: usize, limits: &
 }
 
 fn known_tensor<'a>(name: &'a str, t: &'a TensorProto, known: &mut Known<'a>) {
-    let Ok(dims) = t.dims.iter().map(|&d| u64::try_from(d)).collect::<Result<Vec<u64>, _>>() else {
+    let Ok(dims) = t
+        .dims
+        .iter()
+        .map(|&d| u64::try_from(d))
+        .collect::<Result<Vec<u64>, _>>()
+    else {
         return;
     };
     let count = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
@@ -103,7 +116,9 @@ fn constant_node<'a>(n: &'a NodeProto, out: &'a str, known: &mut Known<'a>) {
             }
             "value_ints" if a.ints.len() as u64 <= MAX_SHAPE_VALUES => {
                 known.shapes.insert(out, vec![a.ints.len() as u64]);
-                known.values.insert(out, a.ints.iter().map(|&v| v as f64).collect());
+                known
+                    .values
+                    .insert(out, a.ints.iter().map(|&v| v as f64).collect());
             }
             "value_float" => {
                 known.shapes.insert(out, vec![]);
@@ -120,9 +135,13 @@ fn numbers(t: &TensorProto) -> Option<Vec<f64>> {
     let dt = DataType::try_from(t.data_type).ok()?;
     match dt {
         DataType::Float | DataType::Double | DataType::Float16 | DataType::Bfloat16 => {
-            crate::tensor::to_f32(t).ok().map(|v| v.into_iter().map(f64::from).collect())
+            crate::tensor::to_f32(t)
+                .ok()
+                .map(|v| v.into_iter().map(f64::from).collect())
         }
-        _ => crate::tensor::to_i64(t).ok().map(|v| v.into_iter().map(|x| x as f64).collect()),
+        _ => crate::tensor::to_i64(t)
+            .ok()
+            .map(|v| v.into_iter().map(|x| x as f64).collect()),
     }
 }
 
@@ -179,7 +198,10 @@ fn refuse(node: &NodeProto, why: String, elements: u64, limits: &Limits) -> Resu
 
 fn check_graph(g: &GraphProto, known: &Known, depth: usize, limits: &Limits) -> Result<()> {
     if depth > limits.max_subgraph_depth {
-        bail!("subgraphs nested more than the limit of {} deep", limits.max_subgraph_depth);
+        bail!(
+            "subgraphs nested more than the limit of {} deep",
+            limits.max_subgraph_depth
+        );
     }
     for vi in g.input.iter().chain(&g.value_info).chain(&g.output) {
         if let Some(shape) = declared_shape(vi) {
@@ -224,7 +246,12 @@ fn check_node(n: &NodeProto, known: &Known, limits: &Limits) -> Result<()> {
         "ConstantOfShape" => {
             if let Some(v) = value(0) {
                 let shape = shape_values(n, "the shape input", v)?;
-                refuse(n, format!("shape {shape:?}"), product(shape.iter().copied()), limits)?;
+                refuse(
+                    n,
+                    format!("shape {shape:?}"),
+                    product(shape.iter().copied()),
+                    limits,
+                )?;
             }
         }
         "Expand" => {
@@ -236,13 +263,30 @@ fn check_node(n: &NodeProto, known: &Known, limits: &Limits) -> Result<()> {
                     let rank = out.len().max(input.len());
                     out = (0..rank)
                         .map(|i| {
-                            let a = (i + input.len()).checked_sub(rank).map(|j| input[j]).unwrap_or(1);
-                            let b = (i + shape.len()).checked_sub(rank).map(|j| shape[j]).unwrap_or(1);
-                            if a == 1 { b } else if b == 1 { a } else { a.min(b) }
+                            let a = (i + input.len())
+                                .checked_sub(rank)
+                                .map(|j| input[j])
+                                .unwrap_or(1);
+                            let b = (i + shape.len())
+                                .checked_sub(rank)
+                                .map(|j| shape[j])
+                                .unwrap_or(1);
+                            if a == 1 {
+                                b
+                            } else if b == 1 {
+                                a
+                            } else {
+                                a.min(b)
+                            }
                         })
                         .collect();
                 }
-                refuse(n, format!("broadcast to {out:?}"), product(out.iter().copied()), limits)?;
+                refuse(
+                    n,
+                    format!("broadcast to {out:?}"),
+                    product(out.iter().copied()),
+                    limits,
+                )?;
             }
         }
         "Tile" => {
@@ -264,7 +308,11 @@ fn check_node(n: &NodeProto, known: &Known, limits: &Limits) -> Result<()> {
                         bail!("node {} (Range): delta is 0", node_label(n));
                     }
                     let count = ((l - s) / d).ceil().max(0.0);
-                    let count = if count >= u64::MAX as f64 { u64::MAX } else { count as u64 };
+                    let count = if count >= u64::MAX as f64 {
+                        u64::MAX
+                    } else {
+                        count as u64
+                    };
                     refuse(n, format!("range {s}..{l} step {d}"), count, limits)?;
                 }
             }
@@ -274,7 +322,12 @@ fn check_node(n: &NodeProto, known: &Known, limits: &Limits) -> Result<()> {
             let scales_input = if n.op_type == "Resize" { 2 } else { 1 };
             if let Some(v) = value(sizes_input) {
                 let sizes = shape_values(n, "the sizes input", v)?;
-                refuse(n, format!("sizes {sizes:?}"), product(sizes.iter().copied()), limits)?;
+                refuse(
+                    n,
+                    format!("sizes {sizes:?}"),
+                    product(sizes.iter().copied()),
+                    limits,
+                )?;
             } else if let (Some(scales), Some(input)) = (value(scales_input), shape_of(0)) {
                 if scales.len() == input.len() {
                     let out: Vec<u64> = input
@@ -282,10 +335,19 @@ fn check_node(n: &NodeProto, known: &Known, limits: &Limits) -> Result<()> {
                         .zip(scales)
                         .map(|(&d, &s)| {
                             let v = (d as f64 * s).floor();
-                            if v >= u64::MAX as f64 { u64::MAX } else { v.max(0.0) as u64 }
+                            if v >= u64::MAX as f64 {
+                                u64::MAX
+                            } else {
+                                v.max(0.0) as u64
+                            }
                         })
                         .collect();
-                    refuse(n, format!("scaled to {out:?}"), product(out.iter().copied()), limits)?;
+                    refuse(
+                        n,
+                        format!("scaled to {out:?}"),
+                        product(out.iter().copied()),
+                        limits,
+                    )?;
                 }
             }
         }
@@ -293,14 +355,24 @@ fn check_node(n: &NodeProto, known: &Known, limits: &Limits) -> Result<()> {
             if let Some([depth]) = value(1).map(Vec::as_slice) {
                 let base = shape_of(0).map(|s| product(s.iter().copied())).unwrap_or(1);
                 let depth = if *depth < 0.0 { 0 } else { *depth as u64 };
-                refuse(n, format!("depth {depth}"), base.saturating_mul(depth), limits)?;
+                refuse(
+                    n,
+                    format!("depth {depth}"),
+                    base.saturating_mul(depth),
+                    limits,
+                )?;
             }
         }
         "RandomNormal" | "RandomUniform" => {
             if let Some(a) = n.attribute.iter().find(|a| a.name == "shape") {
                 let values: Vec<f64> = a.ints.iter().map(|&v| v as f64).collect();
                 let shape = shape_values(n, "the shape attribute", &values)?;
-                refuse(n, format!("shape {shape:?}"), product(shape.iter().copied()), limits)?;
+                refuse(
+                    n,
+                    format!("shape {shape:?}"),
+                    product(shape.iter().copied()),
+                    limits,
+                )?;
             }
         }
         _ => {}
@@ -316,8 +388,15 @@ mod tests {
     fn model(nodes: Vec<NodeProto>, initializers: Vec<TensorProto>) -> ModelProto {
         ModelProto {
             ir_version: 8,
-            opset_import: vec![crate::OperatorSetIdProto { domain: String::new(), version: 17 }],
-            graph: Some(GraphProto { node: nodes, initializer: initializers, ..Default::default() }),
+            opset_import: vec![crate::OperatorSetIdProto {
+                domain: String::new(),
+                version: 17,
+            }],
+            graph: Some(GraphProto {
+                node: nodes,
+                initializer: initializers,
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }
@@ -338,13 +417,24 @@ mod tests {
             vec![node("ConstantOfShape", &["s"], "y")],
             vec![from_i64("s", &[2], &[1_000_000, 1_000_000])],
         );
-        let err = check_static_allocation(&m, &Limits::default()).unwrap_err().to_string();
-        assert!(err.contains("ConstantOfShape_0") && err.contains("1000000000000 elements"), "{err}");
+        let err = check_static_allocation(&m, &Limits::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ConstantOfShape_0") && err.contains("1000000000000 elements"),
+            "{err}"
+        );
         // Raising the limit lets it through: the check is a limit, not a ban.
-        let big = Limits { max_tensor_elements: 1 << 40, ..Limits::default() };
+        let big = Limits {
+            max_tensor_elements: 1 << 40,
+            ..Limits::default()
+        };
         check_static_allocation(&m, &big).unwrap();
         // A small shape is fine.
-        let m = model(vec![node("ConstantOfShape", &["s"], "y")], vec![from_i64("s", &[2], &[4, 4])]);
+        let m = model(
+            vec![node("ConstantOfShape", &["s"], "y")],
+            vec![from_i64("s", &[2], &[4, 4])],
+        );
         check_static_allocation(&m, &Limits::default()).unwrap();
     }
 
@@ -353,11 +443,16 @@ mod tests {
         let shape_const = NodeProto {
             op_type: "Constant".into(),
             output: vec!["s".into()],
-            attribute: vec![crate::attr::make_ints("value_ints", &[1_000_000, 1, 1_000_000])],
+            attribute: vec![crate::attr::make_ints(
+                "value_ints",
+                &[1_000_000, 1, 1_000_000],
+            )],
             ..Default::default()
         };
         let m = model(vec![shape_const, node("Expand", &["x", "s"], "y")], vec![]);
-        let err = check_static_allocation(&m, &Limits::default()).unwrap_err().to_string();
+        let err = check_static_allocation(&m, &Limits::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("Expand_0") && err.contains("'y'"), "{err}");
 
         let m = model(
@@ -367,19 +462,31 @@ mod tests {
                 from_i64("r", &[1], &[3_000_000_000]),
             ],
         );
-        let err = check_static_allocation(&m, &Limits::default()).unwrap_err().to_string();
+        let err = check_static_allocation(&m, &Limits::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("6000000000 elements"), "{err}");
 
         let m = model(
             vec![node("Range", &["a", "b", "c"], "y")],
-            vec![from_i64("a", &[], &[0]), from_i64("b", &[], &[1 << 40]), from_i64("c", &[], &[1])],
+            vec![
+                from_i64("a", &[], &[0]),
+                from_i64("b", &[], &[1 << 40]),
+                from_i64("c", &[], &[1]),
+            ],
         );
         assert!(check_static_allocation(&m, &Limits::default()).is_err());
         let m = model(
             vec![node("Range", &["a", "b", "c"], "y")],
-            vec![from_i64("a", &[], &[0]), from_i64("b", &[], &[10]), from_i64("c", &[], &[0])],
+            vec![
+                from_i64("a", &[], &[0]),
+                from_i64("b", &[], &[10]),
+                from_i64("c", &[], &[0]),
+            ],
         );
-        let err = check_static_allocation(&m, &Limits::default()).unwrap_err().to_string();
+        let err = check_static_allocation(&m, &Limits::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("delta is 0"), "{err}");
     }
 
@@ -389,7 +496,9 @@ mod tests {
             vec![node("ConstantOfShape", &["s"], "y")],
             vec![from_i64("s", &[2], &[4, -3])],
         );
-        let err = check_static_allocation(&m, &Limits::default()).unwrap_err().to_string();
+        let err = check_static_allocation(&m, &Limits::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("negative entry -3"), "{err}");
     }
 }

@@ -82,7 +82,9 @@ fn decode_error(what: &str, e: &prost::DecodeError) -> anyhow::Error {
     let mut rest = body;
     while let Some((head, tail)) = rest.split_once(": ") {
         let is_path = head.contains('.')
-            && head.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+            && head
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
         if !is_path {
             break;
         }
@@ -102,7 +104,8 @@ fn decode_error(what: &str, e: &prost::DecodeError) -> anyhow::Error {
         1 | 2 => format!(" at {}", parts.join(" in ")),
         n => format!(" at {} in {} (nested {n} deep)", parts[0], parts[1]),
     };
-    let hint = if description.contains("buffer underflow") || description.contains("invalid varint") {
+    let hint = if description.contains("buffer underflow") || description.contains("invalid varint")
+    {
         " (the file is truncated or corrupt)"
     } else {
         ""
@@ -169,7 +172,13 @@ pub fn load_model(path: &Path, limits: &Limits) -> Result<LoadedModel> {
     let bytes = std::fs::read(path).with_context(|| format!("{what}: cannot read"))?;
     let dir = path
         .parent()
-        .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            }
+        })
         .unwrap_or(Path::new("."));
     let mut model = decode_model(&bytes, &what, limits)?;
     // The decoded model owns copies of everything; the file's bytes are not needed any more.
@@ -202,7 +211,12 @@ pub fn load_model_from_bytes(
 }
 
 /// Inlines every external tensor of `model` from files inside `dir` and checks every tensor.
-fn resolve_external(model: &mut ModelProto, what: &str, dir: &Path, limits: &Limits) -> Result<Vec<String>> {
+fn resolve_external(
+    model: &mut ModelProto,
+    what: &str,
+    dir: &Path,
+    limits: &Limits,
+) -> Result<Vec<String>> {
     let mut ctx = ExternalCtx {
         dir,
         model_path: what,
@@ -210,7 +224,10 @@ fn resolve_external(model: &mut ModelProto, what: &str, dir: &Path, limits: &Lim
         read_bytes: 0,
         files: Vec::new(),
     };
-    let graph = model.graph.as_mut().expect("decode_model checked the graph");
+    let graph = model
+        .graph
+        .as_mut()
+        .expect("decode_model checked the graph");
     resolve_graph(graph, &mut ctx)?;
     for f in &mut model.functions {
         resolve_function(f, &mut ctx)?;
@@ -234,15 +251,12 @@ fn resolve_graph(g: &mut GraphProto, ctx: &mut ExternalCtx) -> Result<()> {
     }
     for s in &mut g.sparse_initializer {
         for t in s.values.iter_mut().chain(s.indices.iter_mut()) {
-            resolve_tensor(t, ctx).with_context(|| {
-                format!("{}: sparse initializer '{}'", ctx.model_path, t.name)
-            })?;
+            resolve_tensor(t, ctx)
+                .with_context(|| format!("{}: sparse initializer '{}'", ctx.model_path, t.name))?;
         }
     }
     for n in &mut g.node {
-        resolve_node(n, ctx).with_context(|| {
-            format!("in graph '{graph_name}'")
-        })?;
+        resolve_node(n, ctx).with_context(|| format!("in graph '{graph_name}'"))?;
     }
     Ok(())
 }
@@ -252,10 +266,7 @@ fn resolve_node(n: &mut NodeProto, ctx: &mut ExternalCtx) -> Result<()> {
     for a in &mut n.attribute {
         for t in a.t.iter_mut().chain(a.tensors.iter_mut()) {
             resolve_tensor(t, ctx).with_context(|| {
-                format!(
-                    "{}: node {label}, attribute '{}'",
-                    ctx.model_path, a.name
-                )
+                format!("{}: node {label}, attribute '{}'", ctx.model_path, a.name)
             })?;
         }
         for sub in a.g.iter_mut().chain(a.graphs.iter_mut()) {
@@ -295,10 +306,9 @@ fn resolve_tensor(t: &mut TensorProto, ctx: &mut ExternalCtx) -> Result<()> {
         match e.key.as_str() {
             "location" => location = Some(e.value.clone()),
             "offset" => {
-                offset = e
-                    .value
-                    .parse()
-                    .with_context(|| format!("external data offset '{}' is not a number", e.value))?
+                offset = e.value.parse().with_context(|| {
+                    format!("external data offset '{}' is not a number", e.value)
+                })?
             }
             "length" => {
                 length = Some(e.value.parse().with_context(|| {

@@ -12,9 +12,7 @@ pub fn version(model: &ModelProto, domain: &str) -> Option<i64> {
     model
         .opset_import
         .iter()
-        .find(|o| {
-            o.domain == domain || (is_default_domain(domain) && is_default_domain(&o.domain))
-        })
+        .find(|o| o.domain == domain || (is_default_domain(domain) && is_default_domain(&o.domain)))
         .map(|o| o.version)
 }
 
@@ -25,9 +23,11 @@ pub fn default_version(model: &ModelProto) -> Option<i64> {
 
 /// Sets the import of `domain` to `version`, adding the import when missing.
 pub fn set_version(model: &mut ModelProto, domain: &str, version: i64) {
-    match model.opset_import.iter_mut().find(|o| {
-        o.domain == domain || (is_default_domain(domain) && is_default_domain(&o.domain))
-    }) {
+    match model
+        .opset_import
+        .iter_mut()
+        .find(|o| o.domain == domain || (is_default_domain(domain) && is_default_domain(&o.domain)))
+    {
         Some(o) => o.version = version,
         None => model.opset_import.push(OperatorSetIdProto {
             domain: domain.to_string(),
@@ -299,9 +299,17 @@ const REDUCE_AXES_AT_18: &[&str] = &[
 /// Ops whose meaning or signature changed between 13 and 24 in ways attnrt does not convert:
 /// (op, the opset where it changed, what changed).
 const UNCONVERTED_CHANGES: &[(&str, i64, &str)] = &[
-    ("GroupNormalization", 21, "scale and bias changed from per-group to per-channel"),
+    (
+        "GroupNormalization",
+        21,
+        "scale and bias changed from per-group to per-channel",
+    ),
     ("DFT", 20, "axis moved from an attribute to an input"),
-    ("GridSample", 20, "mode names changed and rank-N support was added"),
+    (
+        "GridSample",
+        20,
+        "mode names changed and rank-N support was added",
+    ),
     ("Upsample", 10, "the op was removed"),
     ("Scatter", 11, "the op was removed"),
 ];
@@ -343,7 +351,9 @@ pub fn upgrade_to(model: &mut ModelProto, target: i64) -> anyhow::Result<Upgrade
 }
 
 fn subgraphs(node: &crate::proto::NodeProto) -> impl Iterator<Item = &crate::proto::GraphProto> {
-    node.attribute.iter().flat_map(|a| a.g.iter().chain(a.graphs.iter()))
+    node.attribute
+        .iter()
+        .flat_map(|a| a.g.iter().chain(a.graphs.iter()))
 }
 
 fn check_convertible(g: &crate::proto::GraphProto, from: i64, target: i64) -> anyhow::Result<()> {
@@ -411,12 +421,18 @@ fn convert_graph(
             let axes = crate::attr::ints(n, "axes")?.map(|a| a.to_vec());
             n.attribute.retain(|a| a.name != "axes");
             if let Some(axes) = axes {
-                let base = format!("{}_axes", n.output.first().map(String::as_str).unwrap_or("reduce"));
+                let base = format!(
+                    "{}_axes",
+                    n.output.first().map(String::as_str).unwrap_or("reduce")
+                );
                 let name = fresh_name(&base, names);
                 new_initializers.push(crate::tensor::from_i64(&name, &[axes.len() as i64], &axes));
                 n.input.truncate(1);
                 n.input.push(name);
-                converted.push(format!("{label} ({}): axes {axes:?} moved to an input", n.op_type));
+                converted.push(format!(
+                    "{label} ({}): axes {axes:?} moved to an input",
+                    n.op_type
+                ));
             }
         } else if n.op_type == "Split" {
             let has_split_input = n.input.get(1).is_some_and(|s| !s.is_empty());

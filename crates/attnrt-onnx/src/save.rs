@@ -86,7 +86,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .prefix(".attnrt-")
         .suffix(".tmp")
         .tempfile_in(dir)
-        .with_context(|| format!("{what}: cannot create a temporary file in {}", dir.display()))?;
+        .with_context(|| {
+            format!(
+                "{what}: cannot create a temporary file in {}",
+                dir.display()
+            )
+        })?;
     tmp.write_all(bytes)
         .and_then(|_| tmp.as_file().sync_all())
         .with_context(|| format!("{what}: cannot write"))?;

@@ -179,7 +179,10 @@ pub fn to_i64(t: &TensorProto) -> Result<Vec<i64>> {
         Some(Int32) | Some(Int16) | Some(Uint16) | Some(Int8) | Some(Uint8) | Some(Bool) => {
             t.int32_data.iter().map(|&v| v as i64).collect()
         }
-        _ => bail!("expected an integer tensor, found {}", type_name(t.data_type)),
+        _ => bail!(
+            "expected an integer tensor, found {}",
+            type_name(t.data_type)
+        ),
     })
 }
 
@@ -247,7 +250,10 @@ mod tests {
         assert!(check_tensor(&t, 1 << 20).is_ok());
         t.raw_data.truncate(12);
         let err = check_tensor(&t, 1 << 20).unwrap_err().to_string();
-        assert!(err.contains("holds 3 float values") && err.contains("need 4"), "{err}");
+        assert!(
+            err.contains("holds 3 float values") && err.contains("need 4"),
+            "{err}"
+        );
         t.raw_data.truncate(11);
         assert!(check_tensor(&t, 1 << 20).is_err());
     }

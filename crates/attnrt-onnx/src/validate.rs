@@ -122,7 +122,13 @@ pub fn validate_model_with(model: &ModelProto, limits: &Limits) -> Result<(), Va
     let imported: HashSet<&str> = model
         .opset_import
         .iter()
-        .map(|o| if is_default_domain(&o.domain) { "" } else { o.domain.as_str() })
+        .map(|o| {
+            if is_default_domain(&o.domain) {
+                ""
+            } else {
+                o.domain.as_str()
+            }
+        })
         .collect();
     if let Some(v) = crate::opset::default_version(model) {
         if !(1..=MAX_KNOWN_OPSET).contains(&v) {
@@ -162,7 +168,11 @@ fn check_node_domain(n: &NodeProto, domains: &Domains) -> Result<(), ValidationE
             node: node_label(n),
         });
     }
-    let d = if is_default_domain(&n.domain) { "" } else { n.domain.as_str() };
+    let d = if is_default_domain(&n.domain) {
+        ""
+    } else {
+        n.domain.as_str()
+    };
     if !domains.imported.contains(d) && !domains.function_domains.contains(d) {
         return Err(ValidationError::MissingOpset {
             node: node_label(n),
@@ -171,7 +181,11 @@ fn check_node_domain(n: &NodeProto, domains: &Domains) -> Result<(), ValidationE
     }
     // An unknown default-domain op would only fail later, in tract, with a message that does
     // not name the node; refuse it here. Model-local functions may live in the default domain.
-    if d.is_empty() && !domains.functions.contains(&(n.domain.as_str(), n.op_type.as_str())) {
+    if d.is_empty()
+        && !domains
+            .functions
+            .contains(&(n.domain.as_str(), n.op_type.as_str()))
+    {
         if let Some(opset) = domains.default_opset {
             match crate::opset::op_since(&n.op_type) {
                 None => {
@@ -216,7 +230,8 @@ fn check_graph(
         Producer::SparseInitializer(n) => format!("sparse initializer '{n}'"),
         Producer::Node(n) => format!("node {}", node_label(n)),
     };
-    let mut producer: HashMap<&str, Producer> = HashMap::with_capacity(g.node.len() + g.input.len());
+    let mut producer: HashMap<&str, Producer> =
+        HashMap::with_capacity(g.node.len() + g.input.len());
     for i in &g.input {
         producer.insert(i.name.as_str(), Producer::Input(&i.name));
     }
@@ -268,10 +283,11 @@ fn check_graph(
     }
     topo_order_with(g, &node_of_output)?;
     // Subgraphs see every name of this scope.
-    let has_subgraphs = g
-        .node
-        .iter()
-        .any(|n| n.attribute.iter().any(|a| a.g.is_some() || !a.graphs.is_empty()));
+    let has_subgraphs = g.node.iter().any(|n| {
+        n.attribute
+            .iter()
+            .any(|a| a.g.is_some() || !a.graphs.is_empty())
+    });
     if has_subgraphs {
         let mut scope = outer.clone();
         scope.extend(producer.keys().map(|k| k.to_string()));
@@ -352,7 +368,11 @@ fn subgraph_outer_reads(node: &NodeProto) -> Vec<String> {
     fn collect(g: &GraphProto, out: &mut Vec<String>) {
         let mut local: HashSet<&str> = g.input.iter().map(|i| i.name.as_str()).collect();
         local.extend(g.initializer.iter().map(|t| t.name.as_str()));
-        local.extend(g.node.iter().flat_map(|n| n.output.iter().map(String::as_str)));
+        local.extend(
+            g.node
+                .iter()
+                .flat_map(|n| n.output.iter().map(String::as_str)),
+        );
         for n in &g.node {
             for i in n.input.iter().filter(|i| !i.is_empty()) {
                 if !local.contains(i.as_str()) {

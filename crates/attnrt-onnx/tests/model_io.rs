@@ -81,7 +81,10 @@ fn shipped_external_data_model_loads_like_the_inline_one() {
         &Limits::default(),
     )
     .unwrap();
-    assert_eq!(ext.external_files, vec!["mha_seed.ts.extdata.onnx.data".to_string()]);
+    assert_eq!(
+        ext.external_files,
+        vec!["mha_seed.ts.extdata.onnx.data".to_string()]
+    );
     let inline = load_model(&models_dir().join("mha_seed.ts.onnx"), &Limits::default()).unwrap();
     let values = |m: &ModelProto| {
         let mut v: Vec<(String, Vec<f32>)> = m
@@ -125,7 +128,10 @@ fn external_data_must_stay_inside_the_models_folder() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("m");
     std::fs::create_dir(&dir).unwrap();
-    let bytes: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let bytes: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     std::fs::write(dir.join("w.bin"), &bytes).unwrap();
     std::fs::write(root.path().join("outside.bin"), &bytes).unwrap();
 
@@ -136,7 +142,12 @@ fn external_data_must_stay_inside_the_models_folder() {
     assert!(w.external_data.is_empty());
 
     let cases: Vec<(String, u64, u64, &str)> = vec![
-        (root.path().join("outside.bin").display().to_string(), 0, 16, "is absolute"),
+        (
+            root.path().join("outside.bin").display().to_string(),
+            0,
+            16,
+            "is absolute",
+        ),
         ("../outside.bin".into(), 0, 16, "contains '..'"),
         ("w.bin".into(), 8, 16, "past the end of the file"),
         ("w.bin".into(), 0, 12, "does not match the 16 bytes"),
@@ -162,20 +173,38 @@ fn not_a_model_is_refused_with_the_file_named() {
     let dir = tempfile::tempdir().unwrap();
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("empty.onnx", vec![], "empty file"),
-        ("random.onnx", (0..200u32).map(|i| (i * 7919 % 251) as u8).collect(), "not a valid ONNX model"),
-        ("nograph.onnx", ModelProto { ir_version: 8, ..Default::default() }.encode_to_vec(), "no graph"),
+        (
+            "random.onnx",
+            (0..200u32).map(|i| (i * 7919 % 251) as u8).collect(),
+            "not a valid ONNX model",
+        ),
+        (
+            "nograph.onnx",
+            ModelProto {
+                ir_version: 8,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+            "no graph",
+        ),
     ];
     for (name, bytes, expected) in cases {
         let p = dir.path().join(name);
         std::fs::write(&p, bytes).unwrap();
         let err = format!("{:#}", load_model(&p, &Limits::default()).unwrap_err());
-        assert!(err.contains(expected) && err.contains(name), "{name}: {err}");
+        assert!(
+            err.contains(expected) && err.contains(name),
+            "{name}: {err}"
+        );
     }
     let full = std::fs::read(models_dir().join("mha_seed.ts.onnx")).unwrap();
     let p = dir.path().join("truncated.onnx");
     std::fs::write(&p, &full[..full.len() / 2]).unwrap();
     let err = format!("{:#}", load_model(&p, &Limits::default()).unwrap_err());
-    assert!(err.contains("truncated.onnx") && err.contains("not a valid ONNX model"), "{err}");
+    assert!(
+        err.contains("truncated.onnx") && err.contains("not a valid ONNX model"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -188,14 +217,21 @@ fn tensors_are_checked_against_limits_before_allocation() {
     let p = dir.path().join("huge.onnx");
     std::fs::write(&p, model.encode_to_vec()).unwrap();
     let err = format!("{:#}", load_model(&p, &Limits::default()).unwrap_err());
-    assert!(err.contains("initializer 'w'") && err.contains("limit"), "{err}");
+    assert!(
+        err.contains("initializer 'w'") && err.contains("limit"),
+        "{err}"
+    );
 
     let tight = Limits {
         max_nodes: 2,
         ..Limits::default()
     };
     let model = tiny_model(
-        vec![node("Relu", &["x"], &["a"]), node("Relu", &["a"], &["b"]), node("Relu", &["b"], &["y"])],
+        vec![
+            node("Relu", &["x"], &["a"]),
+            node("Relu", &["a"], &["b"]),
+            node("Relu", &["b"], &["y"]),
+        ],
         &["x"],
         &["y"],
     );
@@ -274,7 +310,11 @@ fn validator_finds_each_structural_fault() {
     ));
 
     let cycle = tiny_model(
-        vec![node("Add", &["x", "b"], &["a"]), node("Relu", &["a"], &["b"]), node("Neg", &["b"], &["y"])],
+        vec![
+            node("Add", &["x", "b"], &["a"]),
+            node("Relu", &["a"], &["b"]),
+            node("Neg", &["b"], &["y"]),
+        ],
         &["x"],
         &["y"],
     );
@@ -342,9 +382,21 @@ fn function(name: &str, calls: &[&str]) -> FunctionProto {
             .enumerate()
             .map(|(k, c)| NodeProto {
                 op_type: c.to_string(),
-                domain: if *c == "Relu" { String::new() } else { "local".into() },
-                input: vec![if k == 0 { "i".into() } else { format!("t{}", k - 1) }],
-                output: vec![if k + 1 == calls.len() { "o".into() } else { format!("t{k}") }],
+                domain: if *c == "Relu" {
+                    String::new()
+                } else {
+                    "local".into()
+                },
+                input: vec![if k == 0 {
+                    "i".into()
+                } else {
+                    format!("t{}", k - 1)
+                }],
+                output: vec![if k + 1 == calls.len() {
+                    "o".into()
+                } else {
+                    format!("t{k}")
+                }],
                 ..Default::default()
             })
             .collect(),
@@ -374,7 +426,10 @@ fn functions_may_not_recurse_or_explode() {
     fs.push(function("f40", &["Relu"]));
     model.functions = fs;
     let err = validate_model_with(&model, &Limits::default()).unwrap_err();
-    assert!(matches!(err, ValidationError::FunctionExpansion { .. }), "{err}");
+    assert!(
+        matches!(err, ValidationError::FunctionExpansion { .. }),
+        "{err}"
+    );
 }
 
 #[test]
@@ -399,7 +454,11 @@ fn opset_upgrade_converts_changed_signatures() {
     assert_eq!(attr::int(&g.node[1], "num_outputs").unwrap(), Some(2));
     validate_model(&model).unwrap();
 
-    let mut refused = tiny_model(vec![node("GroupNormalization", &["x"], &["y"])], &["x"], &["y"]);
+    let mut refused = tiny_model(
+        vec![node("GroupNormalization", &["x"], &["y"])],
+        &["x"],
+        &["y"],
+    );
     let before = refused.clone();
     let err = opset::upgrade_to(&mut refused, 23).unwrap_err().to_string();
     assert!(err.contains("GroupNormalization_y"), "{err}");
@@ -412,8 +471,14 @@ fn save_is_atomic_and_refuses_invalid_models() {
     let out = dir.path().join("out.onnx");
     std::fs::write(&out, b"previous").unwrap();
     let invalid = tiny_model(vec![node("Relu", &["nobody"], &["y"])], &["x"], &["y"]);
-    let err = format!("{:#}", save_model(&invalid, &out, &SaveOptions::default()).unwrap_err());
-    assert!(err.contains("refusing to write") && err.contains("nobody"), "{err}");
+    let err = format!(
+        "{:#}",
+        save_model(&invalid, &out, &SaveOptions::default()).unwrap_err()
+    );
+    assert!(
+        err.contains("refusing to write") && err.contains("nobody"),
+        "{err}"
+    );
     assert_eq!(std::fs::read(&out).unwrap(), b"previous");
     let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert_eq!(leftovers.len(), 1, "no temporary file is left behind");

@@ -80,7 +80,10 @@ fn build_attention(
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
     let label = if node.name.is_empty() {
-        format!("<Attention -> {}>", node.output.first().map(String::as_str).unwrap_or("?"))
+        format!(
+            "<Attention -> {}>",
+            node.output.first().map(String::as_str).unwrap_or("?")
+        )
     } else {
         node.name.clone()
     };
@@ -121,7 +124,9 @@ fn parse_node(node: &NodeProto, label: &str) -> TractResult<AttentionOp> {
     if softcap.is_nan() || softcap.is_infinite() {
         bail!("attribute softcap={softcap} is not finite");
     }
-    let qk_mode = node.get_attr_opt::<i64>("qk_matmul_output_mode")?.unwrap_or(0);
+    let qk_mode = node
+        .get_attr_opt::<i64>("qk_matmul_output_mode")?
+        .unwrap_or(0);
     if !(0..=3).contains(&qk_mode) {
         bail!("attribute qk_matmul_output_mode={qk_mode}: must be 0, 1, 2 or 3");
     }
@@ -205,7 +210,12 @@ impl AttentionOp {
         let (q, k, v) = (shapes[0], shapes[1], shapes[2]);
         let rank = q.len();
         if k.len() != rank || v.len() != rank {
-            bail!("Q, K and V must have the same rank (got {}, {}, {})", q.len(), k.len(), v.len());
+            bail!(
+                "Q, K and V must have the same rank (got {}, {}, {})",
+                q.len(),
+                k.len(),
+                v.len()
+            );
         }
         let div = |total: &TDim, heads: usize, what: &str| -> TractResult<TDim> {
             if let Ok(t) = total.to_i64() {
@@ -270,7 +280,10 @@ impl AttentionOp {
         }
         if let Some(m) = self.mask_index() {
             if shapes[m].len() > 4 || shapes[m].is_empty() {
-                bail!("attn_mask must have rank 1 to 4, got rank {}", shapes[m].len());
+                bail!(
+                    "attn_mask must have rank 1 to 4, got rank {}",
+                    shapes[m].len()
+                );
             }
         }
         Ok(g)
@@ -282,15 +295,34 @@ impl AttentionOp {
         let total = g.past_len.clone() + g.kv_len.clone();
         let mut out = tvec![];
         out.push(if g.rank == 3 {
-            tvec![g.batch.clone(), g.q_len.clone(), g.q_heads.clone() * g.v_head.clone()]
+            tvec![
+                g.batch.clone(),
+                g.q_len.clone(),
+                g.q_heads.clone() * g.v_head.clone()
+            ]
         } else {
-            tvec![g.batch.clone(), g.q_heads.clone(), g.q_len.clone(), g.v_head.clone()]
+            tvec![
+                g.batch.clone(),
+                g.q_heads.clone(),
+                g.q_len.clone(),
+                g.v_head.clone()
+            ]
         });
         if self.outputs[1] {
-            out.push(tvec![g.batch.clone(), g.kv_heads.clone(), total.clone(), g.head.clone()]);
+            out.push(tvec![
+                g.batch.clone(),
+                g.kv_heads.clone(),
+                total.clone(),
+                g.head.clone()
+            ]);
         }
         if self.outputs[2] {
-            out.push(tvec![g.batch.clone(), g.kv_heads.clone(), total.clone(), g.v_head.clone()]);
+            out.push(tvec![
+                g.batch.clone(),
+                g.kv_heads.clone(),
+                total.clone(),
+                g.v_head.clone()
+            ]);
         }
         if self.outputs[3] {
             out.push(tvec![g.batch, g.q_heads, g.q_len, total]);
@@ -339,16 +371,19 @@ impl Expansion for AttentionOp {
         for o in &outputs[1..] {
             s.equals(&o.rank, 4)?;
         }
-        s.given_all(inputs.iter().map(|i| &i.shape), move |s, shapes: Vec<TVec<TDim>>| {
-            let refs: Vec<&[TDim]> = shapes.iter().map(|s| s.as_slice()).collect();
-            let outs = self
-                .output_shapes(&refs)
-                .with_context(|| format!("Attention node '{}'", self.node))?;
-            for (o, shape) in outputs.iter().zip(outs) {
-                s.equals(&o.shape, ShapeFactoid::from(shape))?;
-            }
-            Ok(())
-        })
+        s.given_all(
+            inputs.iter().map(|i| &i.shape),
+            move |s, shapes: Vec<TVec<TDim>>| {
+                let refs: Vec<&[TDim]> = shapes.iter().map(|s| s.as_slice()).collect();
+                let outs = self
+                    .output_shapes(&refs)
+                    .with_context(|| format!("Attention node '{}'", self.node))?;
+                for (o, shape) in outputs.iter().zip(outs) {
+                    s.equals(&o.shape, ShapeFactoid::from(shape))?;
+                }
+                Ok(())
+            },
+        )
     }
 
     fn wire(
@@ -381,7 +416,8 @@ impl EvalOp for AttentionKernelOp {
     op_out_of_plan!();
 
     fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        eval_attention(&self.0, &inputs).with_context(|| format!("Attention node '{}'", self.0.node))
+        eval_attention(&self.0, &inputs)
+            .with_context(|| format!("Attention node '{}'", self.0.node))
     }
 }
 
@@ -392,25 +428,41 @@ impl TypedOp for AttentionKernelOp {
         let op = &self.0;
         let ctx = || format!("Attention node '{}'", op.node);
         if inputs.len() != op.input_count() {
-            bail!("{}: expected {} inputs, got {}", ctx(), op.input_count(), inputs.len());
+            bail!(
+                "{}: expected {} inputs, got {}",
+                ctx(),
+                op.input_count(),
+                inputs.len()
+            );
         }
         let dt = inputs[0].datum_type;
         check_float(dt, "Q").with_context(ctx)?;
         for (i, what) in [(1, "K"), (2, "V")] {
             if inputs[i].datum_type != dt {
-                bail!("{}: {what} is {:?} but Q is {dt:?}", ctx(), inputs[i].datum_type);
+                bail!(
+                    "{}: {what} is {:?} but Q is {dt:?}",
+                    ctx(),
+                    inputs[i].datum_type
+                );
             }
         }
         if let Some(m) = op.mask_index() {
             let mdt = inputs[m].datum_type;
             if mdt != DatumType::Bool && mdt != dt {
-                bail!("{}: attn_mask is {mdt:?}; it must be bool or the type of Q ({dt:?})", ctx());
+                bail!(
+                    "{}: attn_mask is {mdt:?}; it must be bool or the type of Q ({dt:?})",
+                    ctx()
+                );
             }
         }
         if let Some(p) = op.past_index() {
             for (i, what) in [(p, "past_key"), (p + 1, "past_value")] {
                 if inputs[i].datum_type != dt {
-                    bail!("{}: {what} is {:?} but Q is {dt:?}", ctx(), inputs[i].datum_type);
+                    bail!(
+                        "{}: {what} is {:?} but Q is {dt:?}",
+                        ctx(),
+                        inputs[i].datum_type
+                    );
                 }
             }
         }
@@ -431,10 +483,15 @@ fn to_f32<'a>(t: &'a Tensor, what: &str) -> TractResult<F32Input<'a>> {
     let data = if t.datum_type() == DatumType::F32 {
         std::borrow::Cow::Borrowed(t.try_as_plain_ram()?.as_slice::<f32>()?)
     } else {
-        let c = t.cast_to::<f32>().with_context(|| format!("converting {what} to float32"))?;
+        let c = t
+            .cast_to::<f32>()
+            .with_context(|| format!("converting {what} to float32"))?;
         std::borrow::Cow::Owned(c.try_as_plain_ram()?.as_slice::<f32>()?.to_vec())
     };
-    Ok(F32Input { data, shape: t.shape().to_vec() })
+    Ok(F32Input {
+        data,
+        shape: t.shape().to_vec(),
+    })
 }
 
 fn dims4(shape: &[usize], what: &str) -> TractResult<[usize; 4]> {
@@ -445,15 +502,16 @@ fn dims4(shape: &[usize], what: &str) -> TractResult<[usize; 4]> {
 
 /// Row-major strides of a 4-D shape, in elements.
 fn strides4(d: [usize; 4]) -> [isize; 4] {
-    [(d[1] * d[2] * d[3]) as isize, (d[2] * d[3]) as isize, d[3] as isize, 1]
+    [
+        (d[1] * d[2] * d[3]) as isize,
+        (d[2] * d[3]) as isize,
+        d[3] as isize,
+        1,
+    ]
 }
 
 /// Q/K/V seen as `[B, H, L, D]` strided views over their own buffers.
-fn heads_view<'a>(
-    x: &'a F32Input<'_>,
-    heads: usize,
-    what: &str,
-) -> TractResult<View4<'a, f32>> {
+fn heads_view<'a>(x: &'a F32Input<'_>, heads: usize, what: &str) -> TractResult<View4<'a, f32>> {
     match x.shape.len() {
         3 => {
             let [b, l, hidden] = [x.shape[0], x.shape[1], x.shape[2]];
@@ -468,7 +526,11 @@ fn heads_view<'a>(
 }
 
 /// `concat([past, cur], axis=2)` into a fresh contiguous `[B, H, P+L, D]` buffer.
-fn concat_seq(past: &F32Input<'_>, cur: &View4<f32>, what: &str) -> TractResult<(Vec<f32>, [usize; 4])> {
+fn concat_seq(
+    past: &F32Input<'_>,
+    cur: &View4<f32>,
+    what: &str,
+) -> TractResult<(Vec<f32>, [usize; 4])> {
     let pd = dims4(&past.shape, what)?;
     let cd = cur.dims;
     if pd[0] != cd[0] || pd[1] != cd[1] || pd[3] != cd[3] {
@@ -554,7 +616,11 @@ fn mask_geometry(shape: &[usize], target: [usize; 4]) -> TractResult<([usize; 4]
 
 fn output_tensor(data: Vec<f32>, shape: &[usize], dt: DatumType) -> TractResult<TValue> {
     let t = Tensor::from(ndarray::ArrayD::from_shape_vec(shape.to_vec(), data)?);
-    let t = if dt == DatumType::F32 { t } else { t.cast_to_dt(dt)?.into_owned() };
+    let t = if dt == DatumType::F32 {
+        t
+    } else {
+        t.cast_to_dt(dt)?.into_owned()
+    };
     Ok(t.into_tvalue())
 }
 
@@ -569,12 +635,19 @@ fn eval_attention(op: &AttentionOp, inputs: &[TValue]) -> TractResult<TVec<TValu
     let v = to_f32(&inputs[2], "V")?;
     let rank = q.shape.len();
     if k.shape.len() != rank || v.shape.len() != rank {
-        bail!("Q, K and V must have the same rank: {:?}, {:?}, {:?}", q.shape, k.shape, v.shape);
+        bail!(
+            "Q, K and V must have the same rank: {:?}, {:?}, {:?}",
+            q.shape,
+            k.shape,
+            v.shape
+        );
     }
     let (q_heads, kv_heads) = match rank {
         3 => (
-            op.q_num_heads.context("3-D inputs need the q_num_heads attribute")?,
-            op.kv_num_heads.context("3-D inputs need the kv_num_heads attribute")?,
+            op.q_num_heads
+                .context("3-D inputs need the q_num_heads attribute")?,
+            op.kv_num_heads
+                .context("3-D inputs need the kv_num_heads attribute")?,
         ),
         4 => (q.shape[1], k.shape[1]),
         r => bail!("Q, K and V must be 3-D or 4-D, got rank {r}"),
@@ -587,7 +660,10 @@ fn eval_attention(op: &AttentionOp, inputs: &[TValue]) -> TractResult<TVec<TValu
 
     // past + current along the sequence axis; these buffers are also present_key/value.
     let past = op.past_index().map(|p| -> TractResult<_> {
-        Ok((to_f32(&inputs[p], "past_key")?, to_f32(&inputs[p + 1], "past_value")?))
+        Ok((
+            to_f32(&inputs[p], "past_key")?,
+            to_f32(&inputs[p + 1], "past_value")?,
+        ))
     });
     let past = past.transpose()?;
     let (k_all, v_all, past_len) = match &past {
@@ -623,13 +699,18 @@ fn eval_attention(op: &AttentionOp, inputs: &[TValue]) -> TractResult<TVec<TValu
                 mask_f32 = to_f32(m, "attn_mask")?;
                 Mask::Additive(View4::new(&mask_f32.data[..], dims, strides)?)
             } else {
-                bail!("attn_mask is {:?}; it must be bool or {dt:?}", m.datum_type());
+                bail!(
+                    "attn_mask is {:?}; it must be bool or {dt:?}",
+                    m.datum_type()
+                );
             }
         }
     };
 
     let params = AttentionParams {
-        scale: op.scale.unwrap_or_else(|| AttentionParams::default_scale(head)),
+        scale: op
+            .scale
+            .unwrap_or_else(|| AttentionParams::default_scale(head)),
         causal: op.is_causal.then_some(past_len as isize),
         softcap: (op.softcap > 0.0).then_some(op.softcap),
     };
@@ -703,7 +784,10 @@ mod tests {
 
     #[test]
     fn concat_appends_current_after_past() {
-        let past = F32Input { data: vec![1.0, 2.0].into(), shape: vec![1, 1, 1, 2] };
+        let past = F32Input {
+            data: vec![1.0, 2.0].into(),
+            shape: vec![1, 1, 1, 2],
+        };
         let cur_data = [3.0, 4.0, 5.0, 6.0];
         let cur = View4::contiguous(&cur_data, [1, 1, 2, 2]).unwrap();
         let (d, dims) = concat_seq(&past, &cur, "past_key").unwrap();

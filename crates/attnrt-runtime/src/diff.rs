@@ -19,7 +19,10 @@ impl Default for Tolerance {
     /// 1e-4 absolute and relative: f32 attention reassociates sums (online softmax, blocked
     /// dot products), which moves results by a few ulps of the largest intermediate values.
     fn default() -> Self {
-        Tolerance { atol: 1e-4, rtol: 1e-4 }
+        Tolerance {
+            atol: 1e-4,
+            rtol: 1e-4,
+        }
     }
 }
 
@@ -71,11 +74,17 @@ pub fn diff_tensor(name: &str, actual: &Tensor, reference: &Tensor, tol: Toleran
         problem: None,
     };
     if actual.shape() != reference.shape() {
-        d.problem = Some(format!("shape {:?} differs from the reference {:?}", d.shape, d.reference_shape));
+        d.problem = Some(format!(
+            "shape {:?} differs from the reference {:?}",
+            d.shape, d.reference_shape
+        ));
         return d;
     }
     if d.dtype != d.reference_dtype {
-        d.problem = Some(format!("dtype {} differs from the reference {}", d.dtype, d.reference_dtype));
+        d.problem = Some(format!(
+            "dtype {} differs from the reference {}",
+            d.dtype, d.reference_dtype
+        ));
         return d;
     }
     let (Some(a), Some(b)) = (as_f64(actual), as_f64(reference)) else {
@@ -108,7 +117,11 @@ pub fn diff_tensor(name: &str, actual: &Tensor, reference: &Tensor, tol: Toleran
 
 /// Compares every reference output with the output of the same name; a reference output
 /// missing from `actual` fails. Outputs of `actual` without a reference are not compared.
-pub fn diff_outputs(actual: &[NamedTensor], reference: &[NamedTensor], tol: Tolerance) -> Vec<OutputDiff> {
+pub fn diff_outputs(
+    actual: &[NamedTensor],
+    reference: &[NamedTensor],
+    tol: Tolerance,
+) -> Vec<OutputDiff> {
     reference
         .iter()
         .map(|r| match actual.iter().find(|a| a.name == r.name) {
@@ -141,14 +154,20 @@ mod tests {
 
     #[test]
     fn tolerance_and_errors() {
-        let tol = Tolerance { atol: 1e-3, rtol: 0.0 };
+        let tol = Tolerance {
+            atol: 1e-3,
+            rtol: 0.0,
+        };
         let d = diff_tensor("y", &t(&[1.0, 2.0005]), &t(&[1.0, 2.0]), tol);
         assert!(d.ok);
         assert!((d.max_abs - 5e-4).abs() < 1e-6);
         let d = diff_tensor("y", &t(&[1.0, 2.01]), &t(&[1.0, 2.0]), tol);
         assert!(!d.ok);
         assert_eq!(d.mismatches, 1);
-        let rel = Tolerance { atol: 0.0, rtol: 0.01 };
+        let rel = Tolerance {
+            atol: 0.0,
+            rtol: 0.01,
+        };
         assert!(diff_tensor("y", &t(&[100.5]), &t(&[100.0]), rel).ok);
         assert!(!diff_tensor("y", &t(&[0.5]), &t(&[0.0]), rel).ok);
     }
@@ -163,7 +182,10 @@ mod tests {
         assert!(diff_tensor("y", &t(&[f32::INFINITY]), &t(&[f32::INFINITY]), tol).ok);
         let d = diff_tensor("y", &t(&[1.0, 2.0]), &t(&[1.0]), tol);
         assert!(!d.ok && d.problem.unwrap().contains("shape"));
-        let r = vec![NamedTensor { name: "z".into(), tensor: t(&[1.0]) }];
+        let r = vec![NamedTensor {
+            name: "z".into(),
+            tensor: t(&[1.0]),
+        }];
         let d = diff_outputs(&[], &r, tol);
         assert!(!d[0].ok);
     }

@@ -100,9 +100,13 @@ pub fn declared_inputs(model: &ModelProto) -> Result<Vec<DeclaredInput>> {
         if inits.contains(input.name.as_str()) {
             continue;
         }
-        let Some(type_proto::Value::TensorType(t)) = input.r#type.as_ref().and_then(|t| t.value.as_ref())
+        let Some(type_proto::Value::TensorType(t)) =
+            input.r#type.as_ref().and_then(|t| t.value.as_ref())
         else {
-            bail!("graph input '{}' is not a tensor (or has no type)", input.name);
+            bail!(
+                "graph input '{}' is not a tensor (or has no type)",
+                input.name
+            );
         };
         let dtype = onnx_to_datum(t.elem_type).with_context(|| {
             format!(
@@ -111,24 +115,37 @@ pub fn declared_inputs(model: &ModelProto) -> Result<Vec<DeclaredInput>> {
                 attnrt_onnx::tensor::type_name(t.elem_type)
             )
         })?;
-        let shape = t
-            .shape
-            .as_ref()
-            .with_context(|| format!("graph input '{}' has no shape (not even a rank)", input.name))?;
+        let shape = t.shape.as_ref().with_context(|| {
+            format!(
+                "graph input '{}' has no shape (not even a rank)",
+                input.name
+            )
+        })?;
         let dims = shape
             .dim
             .iter()
             .enumerate()
             .map(|(axis, d)| match &d.value {
-                Some(dimension::Value::DimValue(v)) if *v >= 0 => Ok(DeclaredDim::Fixed(*v as usize)),
-                Some(dimension::Value::DimValue(v)) => {
-                    bail!("graph input '{}' declares a negative dim {v} on axis {axis}", input.name)
+                Some(dimension::Value::DimValue(v)) if *v >= 0 => {
+                    Ok(DeclaredDim::Fixed(*v as usize))
                 }
-                Some(dimension::Value::DimParam(p)) if !p.is_empty() => Ok(DeclaredDim::Symbol(p.clone())),
+                Some(dimension::Value::DimValue(v)) => {
+                    bail!(
+                        "graph input '{}' declares a negative dim {v} on axis {axis}",
+                        input.name
+                    )
+                }
+                Some(dimension::Value::DimParam(p)) if !p.is_empty() => {
+                    Ok(DeclaredDim::Symbol(p.clone()))
+                }
                 _ => Ok(DeclaredDim::Symbol(format!("{}:{axis}", input.name))),
             })
             .collect::<Result<Vec<_>>>()?;
-        out.push(DeclaredInput { name: input.name.clone(), dtype, dims });
+        out.push(DeclaredInput {
+            name: input.name.clone(),
+            dtype,
+            dims,
+        });
     }
     Ok(out)
 }
@@ -201,14 +218,26 @@ pub fn prepare_inputs(model: &ModelProto, options: &InputOptions) -> Result<Prep
         if !symbols.contains(name) {
             bail!(
                 "--dim {name}: the model has no symbolic dimension of that name (it has: {})",
-                if symbols.is_empty() { "none".to_string() } else { symbols.join(", ") }
+                if symbols.is_empty() {
+                    "none".to_string()
+                } else {
+                    symbols.join(", ")
+                }
             );
         }
     }
     let mut bindings: BTreeMap<String, DimBinding> = options
         .dims
         .iter()
-        .map(|(k, v)| (k.clone(), DimBinding { value: *v, from: "--dim".into() }))
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                DimBinding {
+                    value: *v,
+                    from: "--dim".into(),
+                },
+            )
+        })
         .collect();
 
     // Values from files first: they fix symbolic dims for the random ones.
@@ -224,7 +253,10 @@ pub fn prepare_inputs(model: &ModelProto, options: &InputOptions) -> Result<Prep
         if from_files.contains_key(name) {
             bail!("--input {name}: given twice");
         }
-        let decl = declared.iter().find(|d| &d.name == name).expect("checked above");
+        let decl = declared
+            .iter()
+            .find(|d| &d.name == name)
+            .expect("checked above");
         let what = path.display().to_string();
         let bytes = read_bounded(path, options.max_elements)?;
         let t = decode_npy(&bytes, decl.dtype, options.max_elements)
@@ -245,7 +277,11 @@ pub fn prepare_inputs(model: &ModelProto, options: &InputOptions) -> Result<Prep
                     "{what}: no array named '{}' for model input '{}' (it has: {})",
                     decl.name,
                     decl.name,
-                    if have.is_empty() { "nothing".to_string() } else { have.join(", ") }
+                    if have.is_empty() {
+                        "nothing".to_string()
+                    } else {
+                        have.join(", ")
+                    }
                 );
             };
             let t = decode_npy(bytes, decl.dtype, options.max_elements)
@@ -254,7 +290,11 @@ pub fn prepare_inputs(model: &ModelProto, options: &InputOptions) -> Result<Prep
         }
     }
     if !from_files.is_empty() {
-        let missing: Vec<&str> = known.iter().copied().filter(|n| !from_files.contains_key(*n)).collect();
+        let missing: Vec<&str> = known
+            .iter()
+            .copied()
+            .filter(|n| !from_files.contains_key(*n))
+            .collect();
         if !missing.is_empty() {
             bail!(
                 "no value given for input(s) {} (give every input with --input NAME=FILE.npy or --input-npz, or none to use random data)",
@@ -265,7 +305,9 @@ pub fn prepare_inputs(model: &ModelProto, options: &InputOptions) -> Result<Prep
 
     // Check every file tensor against the declaration, binding symbols as we go.
     for decl in &declared {
-        let Some((t, what)) = from_files.get(&decl.name) else { continue };
+        let Some((t, what)) = from_files.get(&decl.name) else {
+            continue;
+        };
         let shape = t.shape();
         if shape.len() != decl.dims.len() {
             bail!(
@@ -300,9 +342,10 @@ pub fn prepare_inputs(model: &ModelProto, options: &InputOptions) -> Result<Prep
         }
     }
     for s in &symbols {
-        bindings
-            .entry(s.clone())
-            .or_insert_with(|| DimBinding { value: default_dim(s), from: "default".into() });
+        bindings.entry(s.clone()).or_insert_with(|| DimBinding {
+            value: default_dim(s),
+            from: "default".into(),
+        });
     }
 
     let mut rng = ChaCha8Rng::seed_from_u64(options.seed);
@@ -310,7 +353,10 @@ pub fn prepare_inputs(model: &ModelProto, options: &InputOptions) -> Result<Prep
     let mut sources = Vec::new();
     for decl in &declared {
         if let Some((t, what)) = from_files.remove(&decl.name) {
-            tensors.push(NamedTensor { name: decl.name.clone(), tensor: t });
+            tensors.push(NamedTensor {
+                name: decl.name.clone(),
+                tensor: t,
+            });
             sources.push((decl.name.clone(), what));
             continue;
         }
@@ -333,10 +379,17 @@ pub fn prepare_inputs(model: &ModelProto, options: &InputOptions) -> Result<Prep
                 )
             })? as usize;
         let (tensor, how) = random_tensor(model, decl, &shape, count, options.vocab, &mut rng)?;
-        tensors.push(NamedTensor { name: decl.name.clone(), tensor });
+        tensors.push(NamedTensor {
+            name: decl.name.clone(),
+            tensor,
+        });
         sources.push((decl.name.clone(), how));
     }
-    Ok(PreparedInputs { tensors, dims: bindings, sources })
+    Ok(PreparedInputs {
+        tensors,
+        dims: bindings,
+        sources,
+    })
 }
 
 fn show_dims(dims: &[DeclaredDim]) -> String {
@@ -368,7 +421,10 @@ fn random_tensor(
         let (data, how): (Vec<f32>, String) = if mask {
             (vec![1.0; count], "ones (mask)".into())
         } else {
-            ((0..count).map(|_| rng.gen_range(-1.0f32..1.0)).collect(), "random uniform [-1, 1)".into())
+            (
+                (0..count).map(|_| rng.gen_range(-1.0f32..1.0)).collect(),
+                "random uniform [-1, 1)".into(),
+            )
         };
         let t = Tensor::from(ArrayD::from_shape_vec(shape.to_vec(), data)?);
         return Ok((t.cast_to_dt(dt)?.into_owned(), how));
@@ -377,9 +433,15 @@ fn random_tensor(
         let (data, how): (Vec<bool>, String) = if mask {
             (vec![true; count], "all true (mask)".into())
         } else {
-            ((0..count).map(|_| rng.gen_bool(0.5)).collect(), "random bool".into())
+            (
+                (0..count).map(|_| rng.gen_bool(0.5)).collect(),
+                "random bool".into(),
+            )
         };
-        return Ok((Tensor::from(ArrayD::from_shape_vec(shape.to_vec(), data)?), how));
+        return Ok((
+            Tensor::from(ArrayD::from_shape_vec(shape.to_vec(), data)?),
+            how,
+        ));
     }
     if mask {
         let t = Tensor::from(ArrayD::from_shape_vec(shape.to_vec(), vec![1i64; count])?);
@@ -404,7 +466,10 @@ fn random_tensor(
     let bound = bound.clamp(1, type_max);
     let data: Vec<i64> = (0..count).map(|_| rng.gen_range(0..bound) as i64).collect();
     let t = Tensor::from(ArrayD::from_shape_vec(shape.to_vec(), data)?);
-    Ok((t.cast_to_dt(dt)?.into_owned(), format!("random integers in [0, {bound}) ({why})")))
+    Ok((
+        t.cast_to_dt(dt)?.into_owned(),
+        format!("random integers in [0, {bound}) ({why})"),
+    ))
 }
 
 /// The smallest row count of an embedding table (`Gather` whose data is an initializer or a
@@ -419,7 +484,10 @@ pub fn vocab_bound(model: &ModelProto, input: &str) -> Option<(u64, String)> {
         .collect();
     for n in &graph.node {
         if n.op_type == "Constant" && n.domain.is_empty() {
-            if let (Some(out), Some(t)) = (n.output.first(), n.attribute.iter().find_map(|a| a.t.as_ref())) {
+            if let (Some(out), Some(t)) = (
+                n.output.first(),
+                n.attribute.iter().find_map(|a| a.t.as_ref()),
+            ) {
                 if !t.dims.is_empty() && t.dims[0] > 0 {
                     rows.insert(out.as_str(), (t.dims[0] as u64, attnrt_onnx::node_label(n)));
                 }
@@ -427,7 +495,16 @@ pub fn vocab_bound(model: &ModelProto, input: &str) -> Option<(u64, String)> {
         }
     }
     // Ops that carry index values through unchanged.
-    const PASS: [&str; 8] = ["Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Clip"];
+    const PASS: [&str; 8] = [
+        "Cast",
+        "Identity",
+        "Reshape",
+        "Unsqueeze",
+        "Squeeze",
+        "Flatten",
+        "Expand",
+        "Clip",
+    ];
     let mut frontier = vec![input.to_string()];
     let mut seen = std::collections::HashSet::new();
     let mut best: Option<(u64, String)> = None;
@@ -459,7 +536,10 @@ fn read_bounded(path: &Path, max_elements: u64) -> Result<Vec<u8>> {
     }
     let cap = max_elements.saturating_mul(16).saturating_add(1 << 20);
     if meta.len() > cap {
-        bail!("{what}: {} bytes is larger than the input limit allows", meta.len());
+        bail!(
+            "{what}: {} bytes is larger than the input limit allows",
+            meta.len()
+        );
     }
     std::fs::read(path).with_context(|| format!("{what}: cannot read"))
 }
@@ -480,37 +560,58 @@ fn parse_npy_header(bytes: &[u8]) -> Result<NpyHeader> {
     }
     let (len, start): (usize, usize) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => {
-            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
-        }
+        2 | 3 if bytes.len() >= 12 => (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        ),
         v => bail!("unsupported .npy format version {v}"),
     };
-    let end = start.checked_add(len).filter(|e| *e <= bytes.len()).context("truncated .npy header")?;
+    let end = start
+        .checked_add(len)
+        .filter(|e| *e <= bytes.len())
+        .context("truncated .npy header")?;
     let text = std::str::from_utf8(&bytes[start..end]).context(".npy header is not text")?;
     let field = |key: &str| -> Result<&str> {
         let pat = format!("'{key}':");
-        let i = text.find(&pat).with_context(|| format!(".npy header has no '{key}'"))?;
+        let i = text
+            .find(&pat)
+            .with_context(|| format!(".npy header has no '{key}'"))?;
         Ok(text[i + pat.len()..].trim_start())
     };
     let descr = {
         let rest = field("descr")?;
-        let q = rest.chars().next().filter(|c| *c == '\'' || *c == '"').context("bad 'descr' in .npy header")?;
+        let q = rest
+            .chars()
+            .next()
+            .filter(|c| *c == '\'' || *c == '"')
+            .context("bad 'descr' in .npy header")?;
         let close = rest[1..].find(q).context("bad 'descr' in .npy header")?;
         rest[1..1 + close].to_string()
     };
     let shape = {
         let rest = field("shape")?;
-        let rest = rest.strip_prefix('(').context("bad 'shape' in .npy header")?;
+        let rest = rest
+            .strip_prefix('(')
+            .context("bad 'shape' in .npy header")?;
         let close = rest.find(')').context("bad 'shape' in .npy header")?;
         rest[..close]
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .map(|s| s.trim_end_matches('L').parse::<usize>().context("bad 'shape' in .npy header"))
+            .map(|s| {
+                s.trim_end_matches('L')
+                    .parse::<usize>()
+                    .context("bad 'shape' in .npy header")
+            })
             .collect::<Result<Vec<_>>>()?
     };
     let fortran_order = field("fortran_order")?.starts_with("True");
-    Ok(NpyHeader { descr, fortran_order, shape, data_offset: end })
+    Ok(NpyHeader {
+        descr,
+        fortran_order,
+        shape,
+        data_offset: end,
+    })
 }
 
 /// numpy's name of a dtype descriptor, for messages.
@@ -546,7 +647,12 @@ fn decode_npy(bytes: &[u8], want: DatumType, max_elements: u64) -> Result<Tensor
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
         .filter(|c| *c <= max_elements)
-        .with_context(|| format!("shape {:?} has more than the limit of {max_elements} elements", h.shape))?;
+        .with_context(|| {
+            format!(
+                "shape {:?} has more than the limit of {max_elements} elements",
+                h.shape
+            )
+        })?;
     let expected_bytes = count.saturating_mul(item_size(want) as u64);
     let have = (bytes.len() - h.data_offset) as u64;
     macro_rules! read_as {
@@ -592,7 +698,10 @@ fn decode_npy(bytes: &[u8], want: DatumType, max_elements: u64) -> Result<Tensor
                 .collect();
             Tensor::from(ArrayD::from_shape_vec(h.shape.clone(), data)?)
         }
-        other => bail!("attnrt cannot read {} inputs from .npy files", dtype_name(other)),
+        other => bail!(
+            "attnrt cannot read {} inputs from .npy files",
+            dtype_name(other)
+        ),
     })
 }
 
@@ -614,7 +723,11 @@ fn check_descr(descr: &str, want: DatumType) -> Result<()> {
         _ => false,
     };
     if !ok || descr.starts_with('>') {
-        bail!("dtype is {}, the model expects {}", descr_name(descr), dtype_name(want));
+        bail!(
+            "dtype is {}, the model expects {}",
+            descr_name(descr),
+            dtype_name(want)
+        );
     }
     Ok(())
 }
@@ -633,7 +746,9 @@ fn read_npz(path: &Path, max_elements: u64) -> Result<HashMap<String, Vec<u8>>> 
             .by_index(i)
             .map_err(|e| anyhow!("{what}: cannot read entry {i}: {e}"))?;
         let name = entry.name().to_string();
-        let Some(array) = name.strip_suffix(".npy") else { continue };
+        let Some(array) = name.strip_suffix(".npy") else {
+            continue;
+        };
         total = total.saturating_add(entry.size());
         if total > cap {
             bail!("{what}: the arrays are larger than the input limit allows");
@@ -680,7 +795,10 @@ pub fn write_npz(path: &Path, tensors: &[NamedTensor]) -> Result<Vec<String>> {
                 w.add_array(t.name.as_str(), &view).map_err(err)?;
                 notes.push(format!("{}: float16 stored as float32", t.name));
             }
-            other => bail!("{what}: cannot store '{}' of type {other:?} in .npz", t.name),
+            other => bail!(
+                "{what}: cannot store '{}' of type {other:?} in .npz",
+                t.name
+            ),
         }
     }
     let bytes = w.finish().map_err(|e| anyhow!("{what}: {e}"))?.into_inner();
@@ -712,10 +830,17 @@ pub fn read_npz_tensors(path: &Path, max_elements: u64) -> Result<Vec<NamedTenso
             "u8" => DatumType::U64,
             "b1" => DatumType::Bool,
             "f2" => DatumType::F16,
-            _ => bail!("{what}: array '{name}' has dtype {}, which attnrt cannot read", descr_name(&h.descr)),
+            _ => bail!(
+                "{what}: array '{name}' has dtype {}, which attnrt cannot read",
+                descr_name(&h.descr)
+            ),
         };
-        let tensor = decode_npy(bytes, dt, max_elements).with_context(|| format!("{what}: array '{name}'"))?;
-        out.push(NamedTensor { name: name.clone(), tensor });
+        let tensor = decode_npy(bytes, dt, max_elements)
+            .with_context(|| format!("{what}: array '{name}'"))?;
+        out.push(NamedTensor {
+            name: name.clone(),
+            tensor,
+        });
     }
     Ok(out)
 }
@@ -737,7 +862,8 @@ pub struct TensorSummary {
 pub fn summarize(t: &Tensor) -> Option<TensorSummary> {
     let c = t.cast_to::<f64>().ok()?;
     let data = c.try_as_plain_ram().ok()?.as_slice::<f64>().ok()?;
-    let (mut min, mut max, mut sum, mut n, mut nan) = (f64::INFINITY, f64::NEG_INFINITY, 0.0, 0usize, 0usize);
+    let (mut min, mut max, mut sum, mut n, mut nan) =
+        (f64::INFINITY, f64::NEG_INFINITY, 0.0, 0usize, 0usize);
     for &x in data {
         if x.is_nan() {
             nan += 1;
@@ -749,9 +875,19 @@ pub fn summarize(t: &Tensor) -> Option<TensorSummary> {
         n += 1;
     }
     if n == 0 {
-        return Some(TensorSummary { min: f64::NAN, max: f64::NAN, mean: f64::NAN, nan });
+        return Some(TensorSummary {
+            min: f64::NAN,
+            max: f64::NAN,
+            mean: f64::NAN,
+            nan,
+        });
     }
-    Some(TensorSummary { min, max, mean: sum / n as f64, nan })
+    Some(TensorSummary {
+        min,
+        max,
+        mean: sum / n as f64,
+        nan,
+    })
 }
 
 #[cfg(test)]
@@ -759,7 +895,8 @@ mod tests {
     use super::*;
 
     fn npy_bytes(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
-        let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        let mut header =
+            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
         while (10 + header.len() + 1) % 64 != 0 {
             header.push(' ');
         }
@@ -787,13 +924,19 @@ mod tests {
     #[test]
     fn npy_wrong_dtype_truncation_and_huge_shapes_are_refused() {
         let b = npy_bytes("<i8", "(2, 3)", &[0u8; 48]);
-        let e = decode_npy(&b, DatumType::F32, 1000).unwrap_err().to_string();
+        let e = decode_npy(&b, DatumType::F32, 1000)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("int64") && e.contains("float32"), "{e}");
         let b = npy_bytes("<f4", "(2, 3)", &[0u8; 20]);
-        let e = decode_npy(&b, DatumType::F32, 1000).unwrap_err().to_string();
+        let e = decode_npy(&b, DatumType::F32, 1000)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("truncated"), "{e}");
         let b = npy_bytes("<f4", "(1000000, 1000000)", &[0u8; 4]);
-        let e = decode_npy(&b, DatumType::F32, 1 << 32).unwrap_err().to_string();
+        let e = decode_npy(&b, DatumType::F32, 1 << 32)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("limit"), "{e}");
         assert!(parse_npy_header(b"garbage").is_err());
     }
@@ -804,7 +947,9 @@ mod tests {
         let path = dir.path().join("t.npz");
         let a = NamedTensor {
             name: "a".into(),
-            tensor: Tensor::from(ArrayD::from_shape_vec(vec![2, 2], vec![1f32, 2., 3., 4.]).unwrap()),
+            tensor: Tensor::from(
+                ArrayD::from_shape_vec(vec![2, 2], vec![1f32, 2., 3., 4.]).unwrap(),
+            ),
         };
         let b = NamedTensor {
             name: "b".into(),

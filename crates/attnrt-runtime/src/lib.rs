@@ -43,12 +43,21 @@ pub struct RunResult {
 }
 
 /// Builds a session for `model` and runs it once on `inputs`.
-pub fn run_once(model: &ModelProto, inputs: &[NamedTensor], threads: &Threads, what: &str) -> Result<RunResult> {
+pub fn run_once(
+    model: &ModelProto,
+    inputs: &[NamedTensor],
+    threads: &Threads,
+    what: &str,
+) -> Result<RunResult> {
     let t = Instant::now();
     let session = Session::build(model, inputs, threads, what)?;
     let build_ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
     let outputs = session.run(inputs)?;
     let run_ms = t.elapsed().as_secs_f64() * 1e3;
-    Ok(RunResult { outputs, build_ms, run_ms })
+    Ok(RunResult {
+        outputs,
+        build_ms,
+        run_ms,
+    })
 }

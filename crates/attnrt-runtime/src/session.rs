@@ -33,7 +33,9 @@ impl Threads {
         let n = match threads {
             Some(0) => bail!("--threads must be at least 1"),
             Some(n) => n,
-            None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            None => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
         };
         if n > 1024 {
             bail!("{n} threads is more than attnrt allows (1024)");
@@ -43,7 +45,9 @@ impl Threads {
             .thread_name(|i| format!("attnrt-{i}"))
             .build()
             .with_context(|| format!("cannot start a pool of {n} threads"))?;
-        Ok(Threads { pool: Arc::new(pool) })
+        Ok(Threads {
+            pool: Arc::new(pool),
+        })
     }
 
     /// Number of threads in the pool.
@@ -201,14 +205,16 @@ impl Session {
                             .unwrap_or_else(|| im.node(o.node).name.clone())
                     })
                     .collect();
-                let typed = im
-                    .into_typed()
-                    .with_context(|| format!("{what}: tract cannot infer the graph's types and shapes"))?;
+                let typed = im.into_typed().with_context(|| {
+                    format!("{what}: tract cannot infer the graph's types and shapes")
+                })?;
                 let optimized = typed
                     .into_optimized()
                     .with_context(|| format!("{what}: tract cannot optimize the graph"))?;
-                let options =
-                    RunOptions { executor: Some(Executor::MultiThread(threads.pool.clone())), ..Default::default() };
+                let options = RunOptions {
+                    executor: Some(Executor::MultiThread(threads.pool.clone())),
+                    ..Default::default()
+                };
                 let plan = optimized
                     .into_runnable_with_options(&options)
                     .with_context(|| format!("{what}: tract cannot plan the graph"))?;
@@ -255,14 +261,19 @@ impl Session {
         }
         let outputs = self.threads.install(|| {
             guarded(&self.what, || {
-                self.plan.run(values).with_context(|| format!("{}: run failed", self.what))
+                self.plan
+                    .run(values)
+                    .with_context(|| format!("{}: run failed", self.what))
             })
         })?;
         Ok(self
             .output_names
             .iter()
             .zip(outputs)
-            .map(|(name, v)| NamedTensor { name: name.clone(), tensor: v.into_tensor() })
+            .map(|(name, v)| NamedTensor {
+                name: name.clone(),
+                tensor: v.into_tensor(),
+            })
             .collect())
     }
 }

@@ -3,8 +3,8 @@
 
 use attnrt_onnx::proto::{
     tensor_shape_proto::{dimension, Dimension},
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto,
-    TypeProto, ValueInfoProto,
+    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
+    ValueInfoProto,
 };
 use attnrt_onnx::{attr, DataType};
 use attnrt_runtime::{NamedTensor, Session, Tensor, Threads};
@@ -52,7 +52,10 @@ fn attention_model(
     };
     ModelProto {
         ir_version: 10,
-        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 23 }],
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 23,
+        }],
         graph: Some(GraphProto {
             name: "g".into(),
             node: vec![node],
@@ -74,10 +77,14 @@ fn attention_model(
 
 /// Deterministic pseudo-random values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -88,11 +95,20 @@ fn tensor(shape: &[usize], data: Vec<f32>) -> Tensor {
 }
 
 fn named(name: &str, t: Tensor) -> NamedTensor {
-    NamedTensor { name: name.into(), tensor: t }
+    NamedTensor {
+        name: name.into(),
+        tensor: t,
+    }
 }
 
 fn as_f32(t: &Tensor) -> Vec<f32> {
-    t.cast_to::<f32>().unwrap().to_plain_array_view::<f32>().unwrap().iter().copied().collect()
+    t.cast_to::<f32>()
+        .unwrap()
+        .to_plain_array_view::<f32>()
+        .unwrap()
+        .iter()
+        .copied()
+        .collect()
 }
 
 struct Case {
@@ -120,7 +136,10 @@ enum MaskValues {
 /// ONNX reference in f64, on 4-D contiguous inputs. Returns (Y [B,Hq,Lq,Dv], scores at mode 3).
 fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f64>, Vec<f64>) {
     let total = c.past + c.lk;
-    let scale = c.scale.map(|s| s as f64).unwrap_or(1.0 / (c.d as f64).sqrt());
+    let scale = c
+        .scale
+        .map(|s| s as f64)
+        .unwrap_or(1.0 / (c.d as f64).sqrt());
     let group = c.hq / c.hkv;
     let mut y = vec![0f64; c.b * c.hq * c.lq * c.dv];
     let mut probs = vec![0f64; c.b * c.hq * c.lq * total];
@@ -147,7 +166,13 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f64>, Vec<f64>) 
                             off = off * shape[a] + if shape[a] == 1 { 0 } else { idx[a] };
                         }
                         bias[j] += match m {
-                            MaskValues::Bool(m) => if m[off] { 0.0 } else { f64::NEG_INFINITY },
+                            MaskValues::Bool(m) => {
+                                if m[off] {
+                                    0.0
+                                } else {
+                                    f64::NEG_INFINITY
+                                }
+                            }
                             MaskValues::Float(m) => m[off] as f64,
                         };
                     }
@@ -158,7 +183,10 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f64>, Vec<f64>) 
                 }
                 let all_masked = bias.iter().all(|x| *x == f64::NEG_INFINITY);
                 let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = s.iter().map(|x| if all_masked { 0.0 } else { (x - mx).exp() }).collect();
+                let e: Vec<f64> = s
+                    .iter()
+                    .map(|x| if all_masked { 0.0 } else { (x - mx).exp() })
+                    .collect();
                 let sum: f64 = e.iter().sum();
                 for j in 0..total {
                     let p = if all_masked { 0.0 } else { e[j] / sum };
@@ -177,7 +205,10 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f64>, Vec<f64>) 
 fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((*g as f64 - w).abs() <= tol, "{what}[{i}]: got {g}, want {w}");
+        assert!(
+            (*g as f64 - w).abs() <= tol,
+            "{what}[{i}]: got {g}, want {w}"
+        );
     }
 }
 
@@ -198,7 +229,20 @@ fn to_3d(x: &[f32], b: usize, h: usize, l: usize, d: usize) -> Vec<f32> {
 
 #[test]
 fn gqa_3d_with_symbolic_dims_matches_reference() {
-    let c = Case { b: 2, hq: 4, hkv: 2, lq: 5, lk: 7, past: 0, d: 8, dv: 6, scale: None, causal: false, softcap: 0.0, mask: None };
+    let c = Case {
+        b: 2,
+        hq: 4,
+        hkv: 2,
+        lq: 5,
+        lk: 7,
+        past: 0,
+        d: 8,
+        dv: 6,
+        scale: None,
+        causal: false,
+        softcap: 0.0,
+        mask: None,
+    };
     let q = values(c.b * c.hq * c.lq * c.d, 1);
     let k = values(c.b * c.hkv * c.lk * c.d, 2);
     let v = values(c.b * c.hkv * c.lk * c.dv, 3);
@@ -210,7 +254,10 @@ fn gqa_3d_with_symbolic_dims_matches_reference() {
             ("V", DataType::Float, vec!["batch", "kv_seq", "12"]),
         ],
         &[("Y", vec!["batch", "q_seq", "24"])],
-        vec![attr::make_int("q_num_heads", 4), attr::make_int("kv_num_heads", 2)],
+        vec![
+            attr::make_int("q_num_heads", 4),
+            attr::make_int("kv_num_heads", 2),
+        ],
         DataType::Float,
     );
     let inputs = vec![
@@ -237,7 +284,17 @@ fn causal_past_bool_mask_present_and_probabilities_4d() {
     // Key 1 masked for every query: with causal+past, query 0 still sees keys 0, 2.
     let mask: Vec<bool> = (0..lq * total).map(|i| i % total != 1).collect();
     let c = Case {
-        b, hq, hkv, lq, lk, past, d, dv: d, scale: Some(0.7), causal: true, softcap: 0.0,
+        b,
+        hq,
+        hkv,
+        lq,
+        lk,
+        past,
+        d,
+        dv: d,
+        scale: Some(0.7),
+        causal: true,
+        softcap: 0.0,
         mask: Some((vec![1, 1, lq, total], MaskValues::Bool(mask.clone()))),
     };
     let q = values(b * hq * lq * d, 4);
@@ -274,12 +331,18 @@ fn causal_past_bool_mask_present_and_probabilities_4d() {
         named("Q", tensor(&[1, 2, 3, 4], q.clone())),
         named("K", tensor(&[1, 1, 3, 4], k_new)),
         named("V", tensor(&[1, 1, 3, 4], v_new)),
-        named("M", Tensor::from(ArrayD::from_shape_vec(vec![3, 5], mask).unwrap())),
+        named(
+            "M",
+            Tensor::from(ArrayD::from_shape_vec(vec![3, 5], mask).unwrap()),
+        ),
         named("PK", tensor(&[1, 1, 2, 4], pk)),
         named("PV", tensor(&[1, 1, 2, 4], pv)),
     ];
     let threads = Threads::new(Some(1)).unwrap();
-    let out = Session::build(&model, &inputs, &threads, "test").unwrap().run(&inputs).unwrap();
+    let out = Session::build(&model, &inputs, &threads, "test")
+        .unwrap()
+        .run(&inputs)
+        .unwrap();
     assert_close(&as_f32(&out[0].tensor), &y, 1e-5, "Y");
     let k_all64: Vec<f64> = k_all.iter().map(|x| *x as f64).collect();
     let v_all64: Vec<f64> = v_all.iter().map(|x| *x as f64).collect();
@@ -294,19 +357,39 @@ fn softcap_additive_mask_and_f16() {
     let (b, hq, lq, lk, d) = (1, 2, 4, 6, 8);
     let mask = values(lq * lk, 9);
     let c = Case {
-        b, hq, hkv: hq, lq, lk, past: 0, d, dv: d, scale: None, causal: false, softcap: 0.5,
+        b,
+        hq,
+        hkv: hq,
+        lq,
+        lk,
+        past: 0,
+        d,
+        dv: d,
+        scale: None,
+        causal: false,
+        softcap: 0.5,
         mask: Some((vec![1, 1, lq, lk], MaskValues::Float(mask.clone()))),
     };
-    let q: Vec<f32> = values(b * hq * lq * d, 10).iter().map(|x| x * 4.0).collect();
+    let q: Vec<f32> = values(b * hq * lq * d, 10)
+        .iter()
+        .map(|x| x * 4.0)
+        .collect();
     let k = values(b * hq * lk * d, 11);
     let v = values(b * hq * lk * d, 12);
     // Round through f16 so the reference sees what the op sees.
     let r16 = |x: &[f32]| -> Vec<f32> {
         let t = tensor(&[x.len()], x.to_vec());
-        as_f32(&t.cast_to_dt(attnrt_runtime::DatumType::F16).unwrap().into_owned())
+        as_f32(
+            &t.cast_to_dt(attnrt_runtime::DatumType::F16)
+                .unwrap()
+                .into_owned(),
+        )
     };
     let (q16, k16, v16, m16) = (r16(&q), r16(&k), r16(&v), r16(&mask));
-    let c16 = Case { mask: Some((vec![1, 1, lq, lk], MaskValues::Float(m16.clone()))), ..c };
+    let c16 = Case {
+        mask: Some((vec![1, 1, lq, lk], MaskValues::Float(m16.clone()))),
+        ..c
+    };
     let (y, _) = reference(&c16, &q16, &k16, &v16);
     let model = attention_model(
         &[
@@ -320,7 +403,10 @@ fn softcap_additive_mask_and_f16() {
         DataType::Float16,
     );
     let f16 = |shape: &[usize], x: &[f32]| {
-        tensor(shape, x.to_vec()).cast_to_dt(attnrt_runtime::DatumType::F16).unwrap().into_owned()
+        tensor(shape, x.to_vec())
+            .cast_to_dt(attnrt_runtime::DatumType::F16)
+            .unwrap()
+            .into_owned()
     };
     let inputs = vec![
         named("Q", f16(&[1, 2, 4, 8], &q)),
@@ -329,7 +415,10 @@ fn softcap_additive_mask_and_f16() {
         named("M", f16(&[4, 6], &mask)),
     ];
     let threads = Threads::new(Some(2)).unwrap();
-    let out = Session::build(&model, &inputs, &threads, "test").unwrap().run(&inputs).unwrap();
+    let out = Session::build(&model, &inputs, &threads, "test")
+        .unwrap()
+        .run(&inputs)
+        .unwrap();
     assert_eq!(out[0].tensor.datum_type(), attnrt_runtime::DatumType::F16);
     // f16 output rounding: half an ulp at |y| < 1 is < 5e-4.
     assert_close(&as_f32(&out[0].tensor), &y, 1e-3, "Y");
@@ -353,8 +442,14 @@ fn unsupported_attention_is_a_clear_error_naming_the_node() {
         named("V", tensor(&[1, 2, 3, 4], values(24, 3))),
     ];
     let threads = Threads::new(Some(1)).unwrap();
-    let err = format!("{:#}", Session::build(&model, &inputs, &threads, "m.onnx").unwrap_err());
-    assert!(err.contains("'attn'") && err.contains("left_window_size"), "{err}");
+    let err = format!(
+        "{:#}",
+        Session::build(&model, &inputs, &threads, "m.onnx").unwrap_err()
+    );
+    assert!(
+        err.contains("'attn'") && err.contains("left_window_size"),
+        "{err}"
+    );
 
     // 3-D without head counts.
     let model = attention_model(
@@ -372,6 +467,9 @@ fn unsupported_attention_is_a_clear_error_naming_the_node() {
         named("K", tensor(&[1, 3, 8], values(24, 2))),
         named("V", tensor(&[1, 3, 8], values(24, 3))),
     ];
-    let err = format!("{:#}", Session::build(&model, &inputs, &threads, "m.onnx").unwrap_err());
+    let err = format!(
+        "{:#}",
+        Session::build(&model, &inputs, &threads, "m.onnx").unwrap_err()
+    );
     assert!(err.contains("attn") && err.contains("q_num_heads"), "{err}");
 }
