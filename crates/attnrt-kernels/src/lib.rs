@@ -95,7 +95,7 @@ impl AttentionParams {
 /// Shapes: Q `[B, Hq, Lq, D]`, K `[B, Hkv, Lk, D]`, V `[B, Hkv, Lk, Dv]`, out `[B, Hq, Lq, Dv]`,
 /// `Hq % Hkv == 0` (GQA: q-head `h` uses kv-head `h / (Hq/Hkv)`). Runs on the current rayon pool
 /// (wrap the call in `pool.install(..)` to choose the threads). Scratch memory is one buffer
-/// per pool thread of [`scratch_bytes`] (≈ 0.2–0.4 MB at D = 64–128), independent of the sequence
+/// per pool thread of [`scratch_bytes`] (≤ 0.6 MB at D = 64–128), independent of the sequence
 /// lengths: no `Lq×Lk` score matrix is ever formed. Each thread keeps its buffer for the next
 /// call with the same head sizes.
 pub fn attention(

@@ -302,3 +302,50 @@ fn scratch_is_independent_of_sequence_length() {
         assert!(bytes < 1024 * 1024, "{isa}: {bytes} bytes");
     }
 }
+
+/// One thread and one kv-head: the kernel packs up to 16 query blocks into one task (sharing
+/// every K/V block among them); each block has its own causal frontier and mask rows.
+#[test]
+fn long_tasks_with_many_query_blocks_match_the_reference() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    // [B, Hq, Hkv, Lq, Lk, D]: Lq·Lk varied so tasks get 2..16 query blocks, the last one partial.
+    for dims in [
+        [1, 2, 1, 1100, 1100, 32],
+        [1, 1, 1, 2500, 700, 16],
+        [2, 2, 1, 700, 1300, 8],
+    ] {
+        let [b, hq, _, lq, lk, _] = dims;
+        let mvals = ramp(b * lq * lk, 0.7);
+        let add = Mask::Additive(View4::contiguous(&mvals, [b, 1, lq, lk]).unwrap());
+        let bools: Vec<bool> = (0..lq * lk).map(|i| (i * 7919) % 5 != 0).collect();
+        let boolean = Mask::Boolean(View4::contiguous(&bools, [1, 1, lq, lk]).unwrap());
+        for (mask, causal) in [
+            (&Mask::None, Some(0)),
+            (&add, Some(lk as isize - lq as isize)),
+            (&boolean, None),
+            (&add, None),
+        ] {
+            let params = AttentionParams {
+                scale: 0.2,
+                causal,
+                softcap: None,
+            };
+            let results = pool.install(|| run_all(dims, mask, &params));
+            let want = &results[0].1;
+            for (who, got) in &results[1..] {
+                let worst = want
+                    .iter()
+                    .zip(got)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(
+                    worst < 2e-5,
+                    "{who} dims {dims:?} causal {causal:?} hq {hq}: max |Δ| {worst}"
+                );
+            }
+        }
+    }
+}

@@ -6,13 +6,16 @@
 
 use std::arch::x86_64::*;
 
+use super::EXP2_C;
+
 type V = __m256;
 const LANES: usize = 8;
 const NR: usize = 2;
 const MR: usize = 6;
 pub(crate) const BQ: usize = LANES * NR;
-/// Query blocks per task (they share each packed K/V block).
-pub(crate) const QSUB: usize = 8;
+/// At most this many query blocks per task (they share each packed K/V block; see
+/// `flash::choose_qsub`).
+pub(crate) const QSUB_MAX: usize = 8;
 pub(crate) const BK: usize = 96;
 
 #[target_feature(enable = "avx2,fma")]
@@ -61,33 +64,31 @@ fn vmax(a: V, b: V) -> V {
     _mm256_max_ps(a, b)
 }
 
-/// `e^x` as in the AVX-512 path, with `2^n` built in the exponent bits (`n ∈ [−126, 127]` after
-/// clamping, so always a normal number). Arguments below −87 give exactly 0; NaN stays NaN.
+/// `2^x` (scores are kept in base-2 units): `x = n + f`, `n = round(x)`, a degree-6 polynomial
+/// for `2^f` (relative error < 1e-7) and `2^n` built in the exponent bits. Arguments below −126
+/// (including −inf) give exactly 0 — no denormals reach the FMAs; NaN stays NaN.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn vexp(x: V) -> V {
-    let lo = _mm256_set1_ps(-87.0);
+fn vexp2(x: V) -> V {
+    let lo = _mm256_set1_ps(-126.0);
     let keep = _mm256_cmp_ps::<_CMP_NLT_UQ>(x, lo);
-    let x = _mm256_min_ps(_mm256_set1_ps(88.0), _mm256_max_ps(lo, x));
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        x,
-        _mm256_set1_ps(std::f32::consts::LOG2_E),
-    ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm256_set1_ps(1.987_569_1e-4);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
-    let r2 = _mm256_mul_ps(r, r);
-    let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
+    // Clamped so that `n + 127` stays a valid biased exponent. `max`/`min` return their second
+    // operand when one is NaN, so a NaN `x` passes through and makes the result NaN.
+    let xc = _mm256_min_ps(_mm256_set1_ps(127.0), _mm256_max_ps(lo, x));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(xc);
+    let f = _mm256_sub_ps(xc, n);
+    let mut p = _mm256_set1_ps(EXP2_C[5]);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C[4]));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C[3]));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C[2]));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C[1]));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C[0]));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0));
     let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
         _mm256_cvtps_epi32(n),
         _mm256_set1_epi32(127),
     ));
-    let res = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+    let res = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
     _mm256_and_ps(res, keep)
 }
 

@@ -6,14 +6,17 @@
 
 use std::arch::x86_64::*;
 
+use super::EXP2_C;
+
 type V = __m512;
 const LANES: usize = 16;
 const NR: usize = 4;
 const MR: usize = 6;
 pub(crate) const BQ: usize = LANES * NR;
-/// Query blocks per task (they share each packed K/V block).
-pub(crate) const QSUB: usize = 4;
-pub(crate) const BK: usize = 96;
+/// At most this many query blocks per task (they share each packed K/V block; see
+/// `flash::choose_qsub`).
+pub(crate) const QSUB_MAX: usize = 16;
+pub(crate) const BK: usize = 64;
 
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -61,29 +64,27 @@ fn vmax(a: V, b: V) -> V {
     _mm512_max_ps(a, b)
 }
 
-/// `e^x` for the softmax (arguments ≤ 0 here): Cody–Waite reduction `x = n·ln2 + r`, Cephes'
-/// degree-6 polynomial for `e^r` (≈1 ulp), `scalef` for `2^n` (exact for any `n`, so no clamping).
-/// Arguments below −87 (including −inf, whose reduction is NaN) give exactly 0, so masked keys
-/// contribute nothing; a NaN argument stays NaN.
+/// `2^x` for the softmax, whose scores the kernel keeps in base-2 units (`log2 e` is folded into
+/// the packed queries and the mask): `x = n + f` with `n = round(x)`, `|f| ≤ 1/2`, a degree-6
+/// polynomial for `2^f` (relative error < 1e-7 in f32), `scalef` for `2^n`. Ten vector
+/// operations, against thirteen for `e^x` with a Cody–Waite reduction.
+/// Arguments below −126 (including −inf, whose reduction is NaN) give exactly 0: masked keys
+/// contribute nothing and no denormal reaches the FMAs (denormal operands are slow on x86). A
+/// NaN argument stays NaN.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn vexp(x: V) -> V {
-    let lo = _mm512_set1_ps(-87.0);
-    let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, lo);
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-    );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm512_set1_ps(1.987_569_1e-4);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.398_199_9e-3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
-    let r2 = _mm512_mul_ps(r, r);
-    let y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0));
-    _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(y, n))
+fn vexp2(x: V) -> V {
+    let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-126.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm512_sub_ps(x, n);
+    let mut p = _mm512_set1_ps(EXP2_C[5]);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C[4]));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C[3]));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C[2]));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C[1]));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C[0]));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0));
+    _mm512_maskz_scalef_ps(keep, p, n)
 }
 
 /// `v` with `−inf` lanes replaced by 0 (the safe softmax reference of a still-empty row).

@@ -1,10 +1,13 @@
 //! The flash-style kernel.
 //!
-//! Each task owns `QSUB` blocks of `BQ = NR·LANES` queries of one (batch, q-head); every packed
+//! Each task owns `qsub` blocks of `BQ = NR·LANES` queries of one (batch, q-head) — up to 1024
+//! queries with AVX-512, fewer when that would leave too few tasks for the threads; every packed
 //! K/V key block serves all of them before the next is loaded, which divides the K/V memory
-//! traffic by `QSUB`. Within a query block everything is *query-major in the vector lanes*:
+//! traffic by `qsub` (the traffic, not the FMAs, bounds the kernel at long sequences). Within a query block everything is *query-major in the vector lanes*:
 //!
-//! * `Qᵀ` block packed once per task, `[D][BQ]`, pre-multiplied by `scale`;
+//! * `Qᵀ` block packed once per task, `[D][BQ]`, pre-multiplied by `scale·log2 e`: scores are kept
+//!   in base-2 units so that the softmax needs `2^x` (a cheaper polynomial than `e^x`); additive masks
+//!   and the soft-cap are converted to the same units where they are applied;
 //! * scores computed transposed, `Sᵀ[key][BQ] = K_block · Qᵀ` — a register-blocked GEMM whose
 //!   A operand is K's rows (broadcast loads, so K is never transposed) and whose B operand is the
 //!   packed `Qᵀ`. The key block's K and V rows are first copied densely into scratch: with the
@@ -15,8 +18,8 @@
 //! * the output accumulates transposed too, `Oᵀ[Dv][BQ] = α·Oᵀ + Vᵀ·Pᵀ`, again with broadcast
 //!   loads from V's rows; the rescale by α is folded into the accumulator load.
 //!
-//! Scratch per task: `QSUB·BQ·(D + Dv + 2) + BQ·(BK + 1) + BK·(D + Dv)` floats, independent of
-//! the sequence lengths (≈ 230 KB for AVX-512 at D = Dv = 128).
+//! Scratch per task: `qsub·BQ·(D + Dv + 2) + BQ·(BK + 1) + BK·(D + Dv)` floats, independent of
+//! the sequence lengths (≤ 0.6 MB with AVX-512 at D = Dv = 64 or 128).
 //! Keys past the causal frontier of a block's last query are never visited.
 
 use crate::view::effective_strides;
@@ -54,6 +57,8 @@ pub(crate) struct Job {
     pub scale: f32,
     pub causal: Option<isize>,
     pub softcap: Option<f32>,
+    /// Query blocks per task (`1..=QSUB_MAX` of the ISA), see [`choose_qsub`].
+    pub qsub: usize,
 }
 
 // SAFETY: the pointers come from validated views borrowed for the whole call (`run` does not
@@ -113,16 +118,17 @@ impl Scratch {
     }
 }
 
-/// Bytes of scratch one task of `isa` needs (one per pool thread); independent of the sequence
-/// lengths.
+/// Bytes of scratch one task of `isa` needs at most (one per pool thread); independent of the
+/// sequence lengths.
 pub fn scratch_bytes(isa: Isa, head_dim: usize, v_head_dim: usize) -> usize {
     let (bq, bk, qsub) = match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => (avx512::BQ, avx512::BK, avx512::QSUB),
+        Isa::Avx512 => (avx512::BQ, avx512::BK, avx512::QSUB_MAX),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => (avx2::BQ, avx2::BK, avx2::QSUB),
-        _ => (scalar::BQ, scalar::BK, scalar::QSUB),
+        Isa::Avx2 => (avx2::BQ, avx2::BK, avx2::QSUB_MAX),
+        _ => (scalar::BQ, scalar::BK, scalar::QSUB_MAX),
     };
+    let qsub = qsub_cap(bq, qsub, head_dim, v_head_dim);
     let floats =
         qsub * bq * (head_dim + v_head_dim + 2) + bq * (bk + 1) + bk * (head_dim + v_head_dim);
     (floats + 7 * 16) * std::mem::size_of::<f32>()
@@ -143,7 +149,7 @@ pub(crate) fn run(
     if out.num_elements() == 0 {
         return;
     }
-    let job = Job {
+    let mut job = Job {
         q: q.data.as_ptr(),
         qs: effective_strides(&q.dims, &q.strides),
         k: k.data.as_ptr(),
@@ -178,22 +184,69 @@ pub(crate) fn run(
         scale: params.scale,
         causal: params.causal,
         softcap: params.effective_softcap(),
+        qsub: 1,
     };
     // SAFETY: `isa` was checked available by the caller; `job` holds pointers of validated views.
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512::run(&job),
+            Isa::Avx512 => avx512::run(&mut job),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2::run(&job),
+            Isa::Avx2 => avx2::run(&mut job),
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx512 | Isa::Avx2 => scalar::run(&job),
-            Isa::Scalar => scalar::run(&job),
+            Isa::Avx512 | Isa::Avx2 => scalar::run(&mut job),
+            Isa::Scalar => scalar::run(&mut job),
         }
     }
 }
 
-/// Packs `Qᵀ[d][q] = scale·Q[i0+q][d]` for `q < nq`, zero for the dead lanes up to `bq`.
+/// How many query blocks of `bq` queries one task takes: as many as possible up to `max` — every
+/// task streams all of its head's K and V once, so the K/V traffic is divided by this number, and
+/// past L ≈ 1024 that traffic (rows from L2/L3) is what bounds the kernel — while keeping at least
+/// three tasks per pool thread for rayon's load balancing.
+pub(crate) fn choose_qsub(
+    heads_total: usize,
+    q_len: usize,
+    bq: usize,
+    max: usize,
+    d: usize,
+    dv: usize,
+    threads: usize,
+) -> usize {
+    let want = 3 * threads.max(1);
+    let mut qsub = qsub_cap(bq, max, d, dv);
+    while qsub > 1 && heads_total.saturating_mul(q_len.div_ceil(bq * qsub)) < want {
+        qsub /= 2;
+    }
+    qsub
+}
+
+/// The largest power-of-two share of `max` query blocks whose packed `Qᵀ`, `Oᵀ` and softmax
+/// state fit in 640 KB: they are re-read for every key block, so they must stay in L2.
+pub(crate) fn qsub_cap(bq: usize, max: usize, d: usize, dv: usize) -> usize {
+    let per_block =
+        bq.saturating_mul(d.saturating_add(dv).saturating_add(2)) * std::mem::size_of::<f32>();
+    let mut qsub = max.max(1);
+    while qsub > 1 && qsub.saturating_mul(per_block) > 640 * 1024 {
+        qsub /= 2;
+    }
+    qsub
+}
+
+/// Coefficients `c1..c6` of `2^f ≈ 1 + c1·f + … + c6·f⁶` on `|f| ≤ 1/2` (least-squares fit of the
+/// relative error, ≈ 2e-9 in exact arithmetic; < 1e-7 evaluated in f32 by Horner's rule).
+/// (`c1` comes out of the fit as `ln 2` to f32 precision.)
+pub(crate) const EXP2_C: [f32; 6] = [
+    std::f32::consts::LN_2,
+    0.240_226_48,
+    0.055_503_29,
+    0.009_618_374,
+    0.001_339_985_8,
+    0.000_153_707_2,
+];
+
+/// Packs `Qᵀ[d][q] = scale·Q[i0+q][d]` for `q < nq`, zero for the dead lanes up to `bq` (the
+/// portable fallback of the SIMD packing in the ISA modules, for strides too large for gathers).
 ///
 /// Deliberately not inlined into the SIMD tasks: compiled for the baseline ISA it stays a simple
 /// scalar transpose, where the AVX-512 auto-vectorizer would emit (very slow) scatters.
@@ -269,7 +322,7 @@ pub(crate) unsafe fn unpack_ot(
 
 /// The ISA-independent part of the kernel, expanded inside each ISA module. The module provides
 /// `V`, `LANES`, `NR`, `MR`, `BK`, `BQ`, `QSUB` and the vector primitives `vzero vsplat vload
-/// vstore vfma vmul vadd vsub vmax vexp vzero_if_neg_inf vprefetch vgather`; `$attr` is its
+/// vstore vfma vmul vadd vsub vmax vexp2 vzero_if_neg_inf vprefetch vgather`; `$attr` is its
 /// `#[target_feature]` (empty for the scalar path), put on every function so that the whole
 /// kernel is compiled for — and inlined within — that ISA.
 /// The tile functions take the number of live query vectors `N` (1 or `NR`) as a const generic.
@@ -279,7 +332,7 @@ macro_rules! flash_core {
         use $crate::flash::{Job, JobMask, Scratch};
 
         // The remainder dispatch below covers tiles of 1..=7 rows.
-        const _: () = assert!(MR >= 1 && MR <= 8 && NR >= 1 && QSUB >= 1 && BK >= 1);
+        const _: () = assert!(MR >= 1 && MR <= 8 && NR >= 1 && QSUB_MAX >= 1 && BK >= 1);
 
         /// `Sᵀ[m][·] = Σ_d K[row m][d] · Qᵀ[d][·]` for `M` consecutive keys.
         $(#[$attr])*
@@ -400,7 +453,7 @@ macro_rules! flash_core {
         }
 
         /// Online softmax over one score tile: updates the running max `m` and sum `l`, turns the
-        /// scores into `exp(s − max)` in place and leaves the rescale factor of the old partial
+        /// scores into `2^(s − max)` (base-2 units, see the module docs) in place and leaves the rescale factor of the old partial
         /// results in `alpha`. A lane whose max is still `−inf` (no attendable key so far) uses 0
         /// as its reference so that no `−inf − (−inf)` NaN appears; its probabilities are 0.
         $(#[$attr])*
@@ -419,14 +472,14 @@ macro_rules! flash_core {
             for n in 0..N {
                 ms[n] = vzero_if_neg_inf(mx[n]);
                 let old = vload(m.add(n * LANES));
-                vstore(alpha.add(n * LANES), vexp(vsub(old, ms[n])));
+                vstore(alpha.add(n * LANES), vexp2(vsub(old, ms[n])));
                 vstore(m.add(n * LANES), mx[n]);
             }
             let mut sum = [vzero(); N];
             for j in 0..nk {
                 for n in 0..N {
                     let ptr = s.add(j * BQ + n * LANES);
-                    let e = vexp(vsub(vload(ptr), ms[n]));
+                    let e = vexp2(vsub(vload(ptr), ms[n]));
                     vstore(ptr, e);
                     sum[n] = vadd(sum[n], e);
                 }
@@ -442,13 +495,17 @@ macro_rules! flash_core {
         #[inline]
         unsafe fn bias_block<const N: usize>(job: &Job, b: usize, h: usize, i0: usize, nq: usize, j0: usize, nk: usize, s: *mut f32) {
             if let Some(c) = job.softcap {
+                // Scores are `log2 e` times the natural ones, so `c·tanh(x/c)` in natural units is
+                // `c2·tanh(x2/c2)` with `c2 = c·log2 e`.
+                let c2 = c * std::f32::consts::LOG2_E;
                 for j in 0..nk {
                     for q in 0..nq {
                         let x = s.add(j * BQ + q);
-                        *x = c * (*x / c).tanh();
+                        *x = c2 * (*x / c2).tanh();
                     }
                 }
             }
+            let log2e = vsplat(std::f32::consts::LOG2_E);
             match job.mask {
                 JobMask::None => {}
                 JobMask::Additive(ptr, st) if st[2] == 0 => {
@@ -459,7 +516,7 @@ macro_rules! flash_core {
                         let mv = vsplat(*base.offset((j0 + j) as isize * st[3]));
                         for n in 0..N {
                             let x = s.add(j * BQ + n * LANES);
-                            vstore(x, vadd(vload(x), mv));
+                            vstore(x, vfma(mv, log2e, vload(x)));
                         }
                     }
                 }
@@ -494,7 +551,7 @@ macro_rules! flash_core {
                             let live = nq.saturating_sub(n * LANES).min(LANES);
                             if live > 0 {
                                 let x = s.add(j * BQ + n * LANES);
-                                vstore(x, vadd(vload(x), vgather(col, idx[n].as_ptr(), live)));
+                                vstore(x, vfma(vgather(col, idx[n].as_ptr(), live), log2e, vload(x)));
                             }
                         }
                     }
@@ -504,7 +561,7 @@ macro_rules! flash_core {
                     for j in 0..nk {
                         let col = base.offset((j0 + j) as isize * st[3]);
                         for q in 0..nq {
-                            *s.add(j * BQ + q) += *col.offset((i0 + q) as isize * st[2]);
+                            *s.add(j * BQ + q) += *col.offset((i0 + q) as isize * st[2]) * std::f32::consts::LOG2_E;
                         }
                     }
                 }
@@ -579,12 +636,84 @@ macro_rules! flash_core {
             }
         }
 
-        /// One task: `QSUB` consecutive query blocks (`QSUB·BQ` queries) of q-head `h` of batch
-        /// `b`. Each packed key block is used by all of them before moving on, which divides the
-        /// K/V traffic (the kernel's memory cost) by `QSUB`.
+        /// Packs `Qᵀ[d][q] = scale·Q[i0+q][d]` (dead lanes 0) with one gather per `LANES` queries
+        /// and `d`, falling back to the portable transpose when the row offsets overflow the
+        /// gathers' i32 indices.
+        $(#[$attr])*
+        #[inline]
+        unsafe fn pack_q_block(qbase: *const f32, row_stride: isize, col_stride: isize, scale: f32, i0: usize, nq: usize, d: usize, qt: *mut f32) {
+            let fits = row_stride.checked_mul(BQ as isize).is_some_and(|x| x.unsigned_abs() <= i32::MAX as usize);
+            if !fits {
+                $crate::flash::pack_qt(qbase, row_stride, col_stride, scale, i0, nq, d, BQ, qt);
+                return;
+            }
+            let mut idx = [[0i32; LANES]; NR];
+            for n in 0..NR {
+                for lane in 0..LANES {
+                    // Fits: |row_stride|·BQ ≤ i32::MAX was checked above.
+                    idx[n][lane] = ((n * LANES + lane) as isize * row_stride) as i32;
+                }
+            }
+            let first = qbase.offset(i0 as isize * row_stride);
+            // Rows `H·D` floats apart (3-D layout) would otherwise be fetched one miss at a time.
+            if col_stride == 1 {
+                for q in 0..nq {
+                    let row = first.offset(q as isize * row_stride);
+                    let mut e = 0;
+                    while e < d {
+                        vprefetch(row.add(e));
+                        e += 16;
+                    }
+                }
+            }
+            let sc = vsplat(scale);
+            for dd in 0..d {
+                let col = first.offset(dd as isize * col_stride);
+                for n in 0..NR {
+                    let live = nq.saturating_sub(n * LANES).min(LANES);
+                    let v = if live > 0 { vmul(vgather(col, idx[n].as_ptr(), live), sc) } else { vzero() };
+                    vstore(qt.add(dd * BQ + n * LANES), v);
+                }
+            }
+        }
+
+        /// Writes `out[i0+q][c] = Oᵀ[c][q] / l[q]` (0 when `l[q] == 0`: no attendable key, per the
+        /// ONNX errata): one gather of `LANES` columns of a query from `Oᵀ`, a contiguous store.
+        $(#[$attr])*
+        #[inline]
+        unsafe fn unpack_o_block(ot: *const f32, l: *const f32, obase: *mut f32, row_stride: isize, col_stride: isize, i0: usize, nq: usize, dv: usize) {
+            if col_stride != 1 {
+                $crate::flash::unpack_ot(ot, l, obase, row_stride, col_stride, i0, nq, dv, BQ);
+                return;
+            }
+            let mut idx = [0i32; LANES];
+            for (lane, x) in idx.iter_mut().enumerate() {
+                *x = (lane * BQ) as i32;
+            }
+            for q in 0..nq {
+                let sum = *l.add(q);
+                // `sum == 0` only when every key of the row was masked; NaN propagates.
+                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                let iv = vsplat(inv);
+                let row = obase.offset((i0 + q) as isize * row_stride);
+                let mut c = 0;
+                while c + LANES <= dv {
+                    vstore(row.add(c), vmul(vgather(ot.add(c * BQ + q), idx.as_ptr(), LANES), iv));
+                    c += LANES;
+                }
+                while c < dv {
+                    *row.add(c) = *ot.add(c * BQ + q) * inv;
+                    c += 1;
+                }
+            }
+        }
+
+        /// One task: `job.qsub` consecutive query blocks (`qsub·BQ` queries) of q-head `h` of
+        /// batch `b`. Each packed key block is used by all of them before moving on, which divides
+        /// the K/V traffic (the kernel's memory cost) by `qsub`.
         $(#[$attr])*
         unsafe fn run_task(job: &Job, task: usize, sc: &mut Scratch) {
-            let span = BQ * QSUB;
+            let span = BQ * job.qsub;
             let ntq = job.q_len.div_ceil(span);
             let tq = task % ntq;
             let bh = task / ntq;
@@ -599,11 +728,11 @@ macro_rules! flash_core {
             // Per sub-block: packed Qᵀ (scaled; dead lanes zero so they stay finite and harmless),
             // running max/sum, output accumulator, and the last key each one can see.
             let qbase = job.q.offset(b as isize * job.qs[0] + h as isize * job.qs[1]);
-            let mut sub_kend = [0usize; QSUB];
+            let mut sub_kend = [0usize; QSUB_MAX];
             for sub in 0..nsub {
                 let i0 = t0 + sub * BQ;
                 let nq = BQ.min(job.q_len - i0);
-                $crate::flash::pack_qt(qbase, job.qs[2], job.qs[3], job.scale, i0, nq, d, BQ, sc.qt.ptr().add(sub * d * BQ));
+                pack_q_block(qbase, job.qs[2], job.qs[3], job.scale * std::f32::consts::LOG2_E, i0, nq, d, sc.qt.ptr().add(sub * d * BQ));
                 for q in 0..BQ {
                     *sc.m.ptr().add(sub * BQ + q) = f32::NEG_INFINITY;
                     *sc.l.ptr().add(sub * BQ + q) = 0.0;
@@ -677,7 +806,7 @@ macro_rules! flash_core {
             for sub in 0..nsub {
                 let i0 = t0 + sub * BQ;
                 let nq = BQ.min(job.q_len - i0);
-                $crate::flash::unpack_ot(sc.ot.ptr().add(sub * dv * BQ), sc.l.ptr().add(sub * BQ), obase, job.os[2], job.os[3], i0, nq, dv, BQ);
+                unpack_o_block(sc.ot.ptr().add(sub * dv * BQ), sc.l.ptr().add(sub * BQ), obase, job.os[2], job.os[3], i0, nq, dv);
             }
         }
 
@@ -686,24 +815,26 @@ macro_rules! flash_core {
         /// # Safety
         /// The CPU must support this module's target features, and `job` must come from views
         /// validated by `Problem::check`.
-        pub(crate) unsafe fn run(job: &Job) {
+        pub(crate) unsafe fn run(job: &mut Job) {
             thread_local! {
-                /// This thread's scratch for the last `(D, Dv)` it ran, kept across calls: a
-                /// model runs many attention calls, and fresh 0.2–0.4 MB buffers per call cost
+                /// This thread's scratch for the last `(D, Dv, qsub)` it ran, kept across calls: a
+                /// model runs many attention calls, and fresh 0.2–1 MB buffers per call cost
                 /// page faults that matter at short sequence lengths.
-                static SCRATCH: std::cell::RefCell<Option<((usize, usize), Scratch)>> =
+                static SCRATCH: std::cell::RefCell<Option<((usize, usize, usize), Scratch)>> =
                     const { std::cell::RefCell::new(None) };
             }
-            let tasks = job.batch * job.q_heads * job.q_len.div_ceil(BQ * QSUB);
+            job.qsub = $crate::flash::choose_qsub(job.batch * job.q_heads, job.q_len, BQ, QSUB_MAX, job.d, job.dv, rayon::current_num_threads());
+            let job: &Job = job;
+            let tasks = job.batch * job.q_heads * job.q_len.div_ceil(BQ * job.qsub);
             (0..tasks).into_par_iter().for_each(|t| {
                 SCRATCH.with(|cell| {
-                    let key = (job.d, job.dv);
+                    let key = (job.d, job.dv, job.qsub);
                     // `run_task` never re-enters rayon, so the borrow cannot be nested; should
                     // that ever change, a private scratch keeps it correct instead of panicking.
                     match cell.try_borrow_mut() {
                         Ok(mut slot) => {
                             if slot.as_ref().map(|(k, _)| *k) != Some(key) {
-                                *slot = Some((key, Scratch::new(job.d, job.dv, BQ, BK, QSUB)));
+                                *slot = Some((key, Scratch::new(job.d, job.dv, BQ, BK, job.qsub)));
                             }
                             if let Some((_, sc)) = slot.as_mut() {
                                 // SAFETY: forwarded from this function's contract.
@@ -711,7 +842,7 @@ macro_rules! flash_core {
                             }
                         }
                         Err(_) => {
-                            let mut sc = Scratch::new(job.d, job.dv, BQ, BK, QSUB);
+                            let mut sc = Scratch::new(job.d, job.dv, BQ, BK, job.qsub);
                             // SAFETY: forwarded from this function's contract.
                             unsafe { run_task(job, t, &mut sc) }
                         }

@@ -9,8 +9,9 @@ const LANES: usize = 8;
 const NR: usize = 2;
 const MR: usize = 4;
 pub(crate) const BQ: usize = LANES * NR;
-/// Query blocks per task (they share each packed K/V block).
-pub(crate) const QSUB: usize = 4;
+/// At most this many query blocks per task (they share each packed K/V block; see
+/// `flash::choose_qsub`).
+pub(crate) const QSUB_MAX: usize = 4;
 pub(crate) const BK: usize = 64;
 
 #[inline]
@@ -62,9 +63,10 @@ fn vsub(a: V, b: V) -> V {
 fn vmax(a: V, b: V) -> V {
     lanewise(a, b, f32::max)
 }
+/// `2^x` (scores are kept in base-2 units).
 #[inline]
-fn vexp(x: V) -> V {
-    x.map(f32::exp)
+fn vexp2(x: V) -> V {
+    x.map(f32::exp2)
 }
 
 /// `v` with `−inf` lanes replaced by 0 (the safe softmax reference of a still-empty row).
