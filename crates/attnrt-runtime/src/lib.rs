@@ -3,8 +3,8 @@
 //! - [`session`]: a tract-onnx session built from an in-memory `ModelProto`, with input facts
 //!   taken from the actual input tensors (which binds symbolic dims), optimized and planned, on a
 //!   thread pool shared by tract's matmuls and attnrt's kernel ([`Threads`]).
-//! - [`attention`]: attnrt's parser for the ONNX `Attention` op (opset 23), replacing tract's,
-//!   so every `Attention` node runs on `attnrt_kernels`.
+//! - [`attention`]: attnrt's parser for the ONNX `Attention` op (opsets 23 and 24), replacing
+//!   tract's, so every `Attention` node runs on `attnrt_kernels`.
 //! - [`io`]: declared inputs, `.npy`/`.npz` inputs, seeded random inputs, `.npz` outputs.
 //! - [`diff`]: per-output comparison under `|a − b| ≤ atol + rtol·|b|`.
 //! - [`bench`]: warm-up, repetitions, median and spread.

@@ -151,6 +151,60 @@ fn forget_declared_shapes(proto: &mut tract_onnx::pb::ModelProto) {
     }
 }
 
+/// Makes every `Pad` node's `constant_value` (input 2, opset ≥ 11) a scalar with a
+/// `Reshape(value, [])` in front of it.
+///
+/// tract types that input as rank 0 only ("Impossible to unify 1 with 0"), as the ONNX text
+/// says, but ONNX's own function bodies (the Attention-24 expansion's `Pad` of the mask) pass a
+/// 1-element 1-D tensor, which ONNX Runtime accepts. The reshape keeps the value, and fails
+/// with an error if the input has more than one element. Only tract's copy of the graph is
+/// changed.
+fn scalar_pad_values(g: &mut tract_onnx::pb::GraphProto) {
+    use tract_onnx::pb::{attribute_proto::AttributeType, tensor_proto::DataType};
+    use tract_onnx::pb::{AttributeProto, NodeProto, TensorProto};
+    let nodes = std::mem::take(&mut g.node);
+    g.node.reserve(nodes.len());
+    for (ix, mut n) in nodes.into_iter().enumerate() {
+        for a in &mut n.attribute {
+            for sub in a.g.iter_mut().chain(a.graphs.iter_mut()) {
+                scalar_pad_values(sub);
+            }
+        }
+        let is_onnx = n.domain.is_empty() || n.domain == "ai.onnx";
+        if n.op_type == "Pad" && is_onnx && n.input.get(2).is_some_and(|v| !v.is_empty()) {
+            // The node index keeps the names unique even for unnamed nodes.
+            let base = format!("attnrt_pad{ix}_{}", n.name);
+            let shape = format!("{base}_scalar_shape");
+            let value = format!("{base}_scalar_value");
+            g.node.push(NodeProto {
+                name: shape.clone(),
+                op_type: "Constant".into(),
+                output: vec![shape.clone()],
+                attribute: vec![AttributeProto {
+                    name: "value".into(),
+                    r#type: AttributeType::Tensor as i32,
+                    t: Some(TensorProto {
+                        dims: vec![0],
+                        data_type: DataType::Int64 as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+            g.node.push(NodeProto {
+                name: value.clone(),
+                op_type: "Reshape".into(),
+                input: vec![std::mem::take(&mut n.input[2]), shape],
+                output: vec![value.clone()],
+                ..Default::default()
+            });
+            n.input[2] = value;
+        }
+        g.node.push(n);
+    }
+}
+
 impl Session {
     /// Builds a session for `model`: every graph input gets the type and shape of the tensor of
     /// the same name in `inputs` (which binds all symbolic dims), then tract optimizes the graph.
@@ -167,6 +221,9 @@ impl Session {
             .with_context(|| format!("{what}: re-reading the model for tract"))?;
         drop(bytes);
         forget_declared_shapes(&mut proto);
+        if let Some(g) = proto.graph.as_mut() {
+            scalar_pad_values(g);
+        }
         let frontend = onnx_frontend();
         threads.install(|| {
             guarded(what, || {
@@ -242,23 +299,58 @@ impl Session {
 
     /// Runs the model once. `inputs` must have the names, types and shapes the session was
     /// built with (any order).
+    ///
+    /// tract takes its inputs by value, so this copies every input tensor once (tract's tensors
+    /// have no shared storage); [`Session::run_owned`] hands them over without a copy.
     pub fn run(&self, inputs: &[NamedTensor]) -> Result<Vec<NamedTensor>> {
         let mut values = TVec::new();
         for (name, (dt, shape)) in self.input_names.iter().zip(&self.input_shapes) {
-            let t = inputs
-                .iter()
-                .find(|t| &t.name == name)
-                .with_context(|| format!("{}: no value given for input '{name}'", self.what))?;
-            if t.tensor.datum_type() != *dt || t.tensor.shape() != shape.as_slice() {
-                bail!(
-                    "{}: input '{name}' is {:?} {:?}, the session was built for {dt:?} {shape:?}",
-                    self.what,
-                    t.tensor.datum_type(),
-                    t.tensor.shape()
-                );
-            }
+            let t = self.find_input(inputs, name)?;
+            self.check_input(t, *dt, shape)?;
             values.push(t.tensor.clone().into_tvalue());
         }
+        self.run_values(values)
+    }
+
+    /// Runs the model once, consuming `inputs` (same rules as [`Session::run`]): the tensors
+    /// move into tract without a copy, so the run's extra memory is the graph's intermediates
+    /// and outputs only. Inputs the graph does not use are dropped.
+    pub fn run_owned(&self, mut inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
+        let mut values = TVec::new();
+        for (name, (dt, shape)) in self.input_names.iter().zip(&self.input_shapes) {
+            let at = inputs
+                .iter()
+                .position(|t| &t.name == name)
+                .with_context(|| format!("{}: no value given for input '{name}'", self.what))?;
+            self.check_input(&inputs[at], *dt, shape)?;
+            values.push(inputs.swap_remove(at).tensor.into_tvalue());
+        }
+        drop(inputs);
+        self.run_values(values)
+    }
+
+    fn find_input<'a>(&self, inputs: &'a [NamedTensor], name: &str) -> Result<&'a NamedTensor> {
+        inputs
+            .iter()
+            .find(|t| t.name == name)
+            .with_context(|| format!("{}: no value given for input '{name}'", self.what))
+    }
+
+    /// Refuses an input whose type or shape differs from what the session was built for.
+    fn check_input(&self, t: &NamedTensor, dt: DatumType, shape: &[usize]) -> Result<()> {
+        if t.tensor.datum_type() != dt || t.tensor.shape() != shape {
+            bail!(
+                "{}: input '{}' is {:?} {:?}, the session was built for {dt:?} {shape:?}",
+                self.what,
+                t.name,
+                t.tensor.datum_type(),
+                t.tensor.shape()
+            );
+        }
+        Ok(())
+    }
+
+    fn run_values(&self, values: TVec<TValue>) -> Result<Vec<NamedTensor>> {
         let outputs = self.threads.install(|| {
             guarded(&self.what, || {
                 self.plan
@@ -266,6 +358,7 @@ impl Session {
                     .with_context(|| format!("{}: run failed", self.what))
             })
         })?;
+        // An output is uniquely owned once the run state is gone, so `into_tensor` moves it.
         Ok(self
             .output_names
             .iter()
@@ -275,5 +368,99 @@ impl Session {
                 tensor: v.into_tensor(),
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attnrt_onnx::proto::{
+        tensor_shape_proto::{dimension, Dimension},
+        type_proto, GraphProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto,
+        TypeProto, ValueInfoProto,
+    };
+    use attnrt_onnx::DataType;
+
+    fn value_info(name: &str, dims: &[i64]) -> ValueInfoProto {
+        ValueInfoProto {
+            name: name.into(),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: DataType::Float as i32,
+                    shape: Some(TensorShapeProto {
+                        dim: dims
+                            .iter()
+                            .map(|d| Dimension {
+                                value: Some(dimension::Value::DimValue(*d)),
+                                ..Default::default()
+                            })
+                            .collect(),
+                    }),
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// `Pad(x [2, 3], pads [0, 1, 0, 1], constant_value)` at opset 18.
+    fn pad_model(constant_dims: Vec<i64>) -> ModelProto {
+        ModelProto {
+            ir_version: 10,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: 18,
+            }],
+            graph: Some(GraphProto {
+                name: "g".into(),
+                node: vec![NodeProto {
+                    op_type: "Pad".into(),
+                    input: vec!["x".into(), "pads".into(), "value".into()],
+                    output: vec!["y".into()],
+                    ..Default::default()
+                }],
+                initializer: vec![
+                    TensorProto {
+                        name: "pads".into(),
+                        dims: vec![4],
+                        data_type: DataType::Int64 as i32,
+                        int64_data: vec![0, 1, 0, 1],
+                        ..Default::default()
+                    },
+                    TensorProto {
+                        name: "value".into(),
+                        dims: constant_dims,
+                        data_type: DataType::Float as i32,
+                        float_data: vec![7.0],
+                        ..Default::default()
+                    },
+                ],
+                input: vec![value_info("x", &[2, 3])],
+                output: vec![value_info("y", &[2, 5])],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pad_constant_value_may_be_a_one_element_tensor() {
+        let x = Tensor::from_shape(&[2, 3], &[1f32, 2., 3., 4., 5., 6.]).unwrap();
+        let inputs = vec![NamedTensor {
+            name: "x".into(),
+            tensor: x,
+        }];
+        let threads = Threads::new(Some(1)).unwrap();
+        // The ONNX text's scalar, and the 1-element 1-D tensor of ONNX's function bodies.
+        for dims in [vec![], vec![1]] {
+            let s = Session::build(&pad_model(dims.clone()), &inputs, &threads, "pad").unwrap();
+            let y = s.run(&inputs).unwrap();
+            let y = y[0].tensor.to_plain_array_view::<f32>().unwrap();
+            assert_eq!(
+                y.iter().copied().collect::<Vec<_>>(),
+                [7., 1., 2., 3., 7., 7., 4., 5., 6., 7.],
+                "constant_value dims {dims:?}"
+            );
+        }
     }
 }

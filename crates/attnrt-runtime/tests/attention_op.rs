@@ -473,3 +473,108 @@ fn unsupported_attention_is_a_clear_error_naming_the_node() {
     );
     assert!(err.contains("attn") && err.contains("q_num_heads"), "{err}");
 }
+
+/// Opset 24: `nonpad_kv_seqlen` through the whole path (ONNX parsing with the empty past slots,
+/// tract's input compaction, the op), against the same attention written with an explicit
+/// boolean padding mask at opset 23. 3-D GQA, causal (per-batch offset `n_b − Lq`); batch 0 has
+/// no valid key, batch 2 all keys valid.
+#[test]
+fn nonpad_kv_seqlen_equals_an_explicit_padding_mask_end_to_end() {
+    let (b, hq, hkv, lq, lk, d) = (3, 4, 2, 3, 5, 8);
+    let lens = [0i64, 2, 5];
+    let q = tensor(&[b, lq, hq * d], values(b * lq * hq * d, 21));
+    let k = tensor(&[b, lk, hkv * d], values(b * lk * hkv * d, 22));
+    let v = tensor(&[b, lk, hkv * d], values(b * lk * hkv * d, 23));
+    let heads = || {
+        vec![
+            attr::make_int("q_num_heads", hq as i64),
+            attr::make_int("kv_num_heads", hkv as i64),
+        ]
+    };
+    let qkv = || {
+        vec![
+            ("Q", DataType::Float, vec!["3", "3", "32"]),
+            ("K", DataType::Float, vec!["3", "5", "16"]),
+            ("V", DataType::Float, vec!["3", "5", "16"]),
+        ]
+    };
+    let mut padded_inputs = qkv();
+    padded_inputs.extend([
+        ("", DataType::Float, vec![]),
+        ("", DataType::Float, vec![]),
+        ("", DataType::Float, vec![]),
+        ("lens", DataType::Int64, vec!["3"]),
+    ]);
+    let mut attrs = heads();
+    attrs.push(attr::make_int("is_causal", 1));
+    let mut padded = attention_model(
+        &padded_inputs,
+        &[("Y", vec!["3", "3", "32"])],
+        attrs,
+        DataType::Float,
+    );
+    padded.opset_import[0].version = 24;
+
+    let mut masked_inputs = qkv();
+    masked_inputs.push(("M", DataType::Bool, vec!["3", "1", "3", "5"]));
+    let masked = attention_model(
+        &masked_inputs,
+        &[("Y", vec!["3", "3", "32"])],
+        heads(),
+        DataType::Float,
+    );
+    let mask: Vec<bool> = (0..b * lq * lk)
+        .map(|at| {
+            let (bi, i, j) = (at / (lq * lk), at / lk % lq, at % lk);
+            let n = lens[bi];
+            (j as i64) < n && j as i64 <= i as i64 + n - lq as i64
+        })
+        .collect();
+
+    let threads = Threads::new(Some(2)).unwrap();
+    let run = |model: &ModelProto, extra: NamedTensor| {
+        let inputs = vec![
+            named("Q", q.clone()),
+            named("K", k.clone()),
+            named("V", v.clone()),
+            extra,
+        ];
+        let s = Session::build(model, &inputs, &threads, "test").unwrap();
+        as_f32(&s.run_owned(inputs).unwrap()[0].tensor)
+    };
+    let got = run(
+        &padded,
+        named(
+            "lens",
+            Tensor::from(ArrayD::from_shape_vec(vec![3], lens.to_vec()).unwrap()),
+        ),
+    );
+    let want = run(
+        &masked,
+        named(
+            "M",
+            Tensor::from(ArrayD::from_shape_vec(vec![3, 1, 3, 5], mask).unwrap()),
+        ),
+    );
+    let want: Vec<f64> = want.iter().map(|x| *x as f64).collect();
+    assert_close(&got, &want, 1e-5, "Y");
+    // Batch 0 is all padding: zeros, not NaN.
+    assert!(got[..lq * hq * d].iter().all(|x| *x == 0.0));
+
+    // A value beyond the key length is refused, naming the node and the input.
+    let bad = vec![
+        named("Q", q.clone()),
+        named("K", k.clone()),
+        named("V", v.clone()),
+        named(
+            "lens",
+            Tensor::from(ArrayD::from_shape_vec(vec![3], vec![1i64, 6, 2]).unwrap()),
+        ),
+    ];
+    let s = Session::build(&padded, &bad, &threads, "test").unwrap();
+    let err = format!("{:#}", s.run(&bad).unwrap_err());
+    assert!(
+        err.contains("'attn'") && err.contains("nonpad_kv_seqlen[1] = 6"),
+        "{err}"
+    );
+}
