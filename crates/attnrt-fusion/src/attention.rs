@@ -7,6 +7,10 @@
 //! - [`context`]: `MatMul(probs, V)`;
 //! - [`probs`]: the Softmax, possibly followed by no-op casts or the NaN guard SDPA exports add;
 //! - mask layers: `Add(scores, term)` (additive), `Where(cond, fill, scores)` (masked_fill);
+//!   a layer proven causal by [`crate::causal`] becomes `is_causal`, an all-zero term is
+//!   dropped;
+//! - softcap `c · tanh(x / c)` below the masks (ONNX applies it before the mask), and
+//!   same-type `Cast`s anywhere on the scores path (the ONNX expansions' softmax_precision);
 //! - [`score_scale`]: `Mul`/`Div` by a number known before run time;
 //! - [`scores`]: `MatMul(Q, Kᵀ)`, with the scale possibly split over Q and Kᵀ;
 //! - head split / merge / GQA repeat: checked by shape reasoning in [`check`] so the emitted
@@ -69,10 +73,22 @@ fn same_float_cast(view: &GraphView, n: &NodeProto) -> Result<(), String> {
         .first()
         .and_then(|i| view.elem_type(i))
         .ok_or("input type unknown")?;
-    if to as i32 != from {
-        return Err(format!("casts type {from} to {to}: not a no-op"));
+    if to != i64::from(from) {
+        return Err(format!(
+            "casts {} to {}",
+            type_name(i64::from(from)),
+            type_name(to)
+        ));
     }
     Ok(())
+}
+
+/// `FLOAT16`, `FLOAT`, … for a `DataType` number (the number itself when unknown).
+fn type_name(t: i64) -> String {
+    i32::try_from(t)
+        .ok()
+        .and_then(|t| attnrt_onnx::DataType::try_from(t).ok())
+        .map_or_else(|| format!("type {t}"), |d| d.as_str_name().to_string())
 }
 
 fn zero_fill(view: &GraphView, n: &NodeProto) -> Result<(), String> {
@@ -210,6 +226,51 @@ pub enum MaskLayer {
     },
 }
 
+/// What produced a tensor on the scores path (for `qk_matmul_output`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stage {
+    MatMul,
+    Cast,
+    Scale,
+    Softcap,
+    MaskAdd,
+    MaskFill,
+}
+
+/// The `qk_matmul_output_mode` (ONNX 1.22 numbering, as attnrt's runtime implements it) whose
+/// value the scores-path tensor `t` holds: 0 the scaled QK, 1 after the softcap, 2 after the
+/// (single, additive) mask, 3 the Softmax output. `path` runs from the Softmax input down.
+fn qk_stage(path: &[(String, Stage)], softmax_out: &str, t: &str) -> Option<i64> {
+    if t == softmax_out {
+        return Some(3);
+    }
+    let masks = path
+        .iter()
+        .filter(|(_, s)| matches!(s, Stage::MaskAdd | Stage::MaskFill))
+        .count();
+    let mut mode = None;
+    let mut scales_left = path.iter().filter(|(_, s)| *s == Stage::Scale).count();
+    // Walk up from the MatMul, carrying the stage through same-type Casts.
+    for (name, stage) in path.iter().rev() {
+        mode = match stage {
+            Stage::MatMul => (scales_left == 0).then_some(0),
+            Stage::Cast => mode,
+            Stage::Scale => {
+                scales_left -= 1;
+                (scales_left == 0).then_some(0)
+            }
+            Stage::Softcap => Some(1),
+            // Where(cond, fill, x) is not `x + mask`, and two masks are summed in another order.
+            Stage::MaskAdd if masks == 1 => Some(2),
+            Stage::MaskAdd | Stage::MaskFill => None,
+        };
+        if name == t {
+            return mode;
+        }
+    }
+    None
+}
+
 /// The attention layout the fused node will use.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Layout {
@@ -253,6 +314,15 @@ pub struct AttentionMatch {
     /// Whether the mask must be expanded to `[.., Lq, Lk]`: ONNX Runtime's Attention kernel
     /// does not broadcast the mask's last two axes although the spec allows it.
     pub expand_mask: bool,
+    /// Whether a mask layer was proven to be the causal triangle (emitted as `is_causal=1`).
+    pub is_causal: bool,
+    /// Why `is_causal` was or was not used (`None` when the block has no mask).
+    pub causal_note: Option<String>,
+    /// `softcap · tanh(scores / softcap)` between the scale and the mask.
+    pub softcap: Option<f32>,
+    /// A scores-path tensor also read outside the block, produced as the fused node's
+    /// `qk_matmul_output`, with its `qk_matmul_output_mode`.
+    pub qk_output: Option<(String, i64)>,
     /// Static shapes known for Q, K, V inputs (recorded as value_info so ONNX shape inference
     /// can type the fused node when the graph itself does not say).
     pub input_shapes: Vec<(String, i32, Vec<Dim>)>,
@@ -262,9 +332,19 @@ pub struct AttentionMatch {
 fn through_transposes(view: &GraphView, t: &str, rank: usize) -> (String, Vec<i64>) {
     let mut perm: Vec<i64> = (0..rank as i64).collect();
     let mut cur = t.to_string();
-    for _ in 0..4 {
+    for _ in 0..6 {
         let Some(p) = view.producer(&cur) else { break };
         let n = view.node(p);
+        // The ONNX expansions name K `PresentKey = Identity(KReshaped)`.
+        if n.op_type == "Identity" && attnrt_onnx::opset::is_default_domain(&n.domain) {
+            match n.input.first() {
+                Some(i) => {
+                    cur = i.clone();
+                    continue;
+                }
+                None => break,
+            }
+        }
         if n.op_type == "Reshape" && rank == 4 {
             if let Some(x4) = flattened_swap(view, &cur) {
                 perm = perm.iter().map(|&i| [0, 1, 3, 2][i as usize]).collect();
@@ -282,8 +362,9 @@ fn through_transposes(view: &GraphView, t: &str, rank: usize) -> (String, Vec<i6
             break;
         }
         // t = transpose(x, perm) and x = transpose(s, p1)  ⇒  t = transpose(s, p1∘perm).
+        let Some(src) = n.input.first() else { break };
         perm = perm.iter().map(|&i| p1[i as usize]).collect();
-        cur = n.input[0].clone();
+        cur = src.clone();
     }
     (cur, perm)
 }
@@ -293,15 +374,15 @@ fn through_transposes(view: &GraphView, t: &str, rank: usize) -> (String, Vec<i6
 /// `transpose(x4, [0, 1, 3, 2])`; returns `x4` when the shapes prove it.
 fn flattened_swap(view: &GraphView, t: &str) -> Option<String> {
     let outer = view.node(view.producer(t)?);
-    let tr = view.node(view.producer(&outer.input[0])?);
+    let tr = view.node(view.producer(outer.input.first()?)?);
     if tr.op_type != "Transpose" || attr::ints(tr, "perm").ok().flatten() != Some(&[0, 2, 1][..]) {
         return None;
     }
-    let inner = view.node(view.producer(&tr.input[0])?);
+    let inner = view.node(view.producer(tr.input.first()?)?);
     if inner.op_type != "Reshape" {
         return None;
     }
-    let x4 = &inner.input[0];
+    let x4 = inner.input.first()?;
     let (xs, fs, ts) = (
         view.shape(x4)?,
         view.shape(&inner.output[0])?,
@@ -331,7 +412,7 @@ fn head_split(view: &GraphView, source: &str, perm: &[i64]) -> Result<(String, i
     if n.op_type != "Reshape" {
         return Err(format!("{} is not a Reshape", node_label(n)));
     }
-    let x = &n.input[0];
+    let x = n.input.first().ok_or("Reshape without input")?;
     let (Some(xs), Some(rs)) = (view.shape(x), view.shape(source)) else {
         return Err(format!(
             "shape of {} input or output unknown",
@@ -379,12 +460,12 @@ fn unrepeat(view: &GraphView, k4: &str) -> Option<(String, Vec<usize>)> {
     if rn.op_type != "Reshape" {
         return None;
     }
-    let e = view.producer(&rn.input[0])?;
+    let e = view.producer(rn.input.first()?)?;
     let en = view.node(e);
     if en.op_type != "Expand" {
         return None;
     }
-    let u = view.producer(&en.input[0])?;
+    let u = view.producer(en.input.first()?)?;
     let un = view.node(u);
     if un.op_type != "Unsqueeze" {
         return None;
@@ -396,7 +477,7 @@ fn unrepeat(view: &GraphView, k4: &str) -> Option<(String, Vec<usize>)> {
     if axes != [2] {
         return None;
     }
-    let kv = &un.input[0];
+    let kv = un.input.first()?;
     let (ks, es, os) = (view.shape(kv)?, view.shape(&en.output[0])?, view.shape(k4)?);
     if ks.len() != 4 || es.len() != 5 || os.len() != 4 {
         return None;
@@ -441,8 +522,9 @@ fn mask_fits(mask: &[Dim], scores: &[Dim]) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks the attention rule rooted at the Softmax node `sm`.
-pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
+/// Checks the attention rule rooted at the Softmax node `sm`. With `strict`, a causal proof
+/// that would add a caveat is not used (the mask is fused as it is).
+pub fn check(view: &GraphView, sm: usize, strict: bool) -> Result<AttentionMatch, Reject> {
     let smn = view.node(sm);
     let sm_label = node_label(smn);
     let sm_out = smn
@@ -473,7 +555,12 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
             "the Softmax output does not reach a MatMul with V (as its first input)",
         )
     })?;
-    let ctx_out = view.node(ctx).output[0].clone();
+    let ctx_out = view.node(ctx).output.first().cloned().ok_or_else(|| {
+        reject(
+            node_label(view.node(ctx)),
+            "the context MatMul has no output",
+        )
+    })?;
     let mut caps = Captures::default();
     match_tensor(view, &ctx_out, &context(), &mut caps)
         .map_err(|f| reject(node_label(view.node(ctx)), f.reason))?;
@@ -496,6 +583,9 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
     let mut scale = 1.0f64;
     let mut scale_computed = false;
     let mut scale_seen = false;
+    let mut softcap: Option<f32> = None;
+    // The tensors from the Softmax input down to the QK MatMul, with what produced each.
+    let mut path: Vec<(String, Stage)> = Vec::new();
     let mut cur = caps.tensor("scores").unwrap_or_default().to_string();
     let qk_caps = loop {
         let p = view.producer(&cur).ok_or_else(|| {
@@ -509,7 +599,51 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
             let mut c = Captures::default();
             match_tensor(view, &cur, &scores(), &mut c)
                 .map_err(|f| reject(node_label(pn), f.reason))?;
+            path.push((cur.clone(), Stage::MatMul));
             break c;
+        }
+        // softmax_precision in the ONNX expansions: a Cast to the type the scores already have
+        // is the identity; one that changes the type changes the arithmetic and stays out.
+        if pn.op_type == "Cast" {
+            same_float_cast(view, pn).map_err(|r| {
+                reject(
+                    node_label(pn),
+                    format!(
+                        "Cast between the QK MatMul and the Softmax is not provably the \
+                         identity ({r})"
+                    ),
+                )
+            })?;
+            if !tags.iter().any(|t| t == "scores-cast") {
+                tags.push("scores-cast".into());
+            }
+            path.push((cur.clone(), Stage::Cast));
+            core.insert(p);
+            cur = pn
+                .input
+                .first()
+                .cloned()
+                .ok_or_else(|| reject(node_label(pn), "Cast without input"))?;
+            continue;
+        }
+        if pn.op_type == "Mul" {
+            if let Some((cap, nodes, inner)) = softcap_layer(view, p) {
+                if softcap.is_some() {
+                    return Err(reject(node_label(pn), "a second softcap"));
+                }
+                if scale_seen {
+                    return Err(reject(
+                        node_label(pn),
+                        "a scale applied after the softcap cannot be expressed by the op",
+                    ));
+                }
+                softcap = Some(cap);
+                tags.push("softcap".into());
+                path.push((cur.clone(), Stage::Softcap));
+                core.extend(nodes);
+                cur = inner;
+                continue;
+            }
         }
         if matches!(pn.op_type.as_str(), "Mul" | "Div") {
             let mut c = Captures::default();
@@ -530,6 +664,7 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
                 scale * v
             };
             tags.extend(c.tags.iter().map(|t| t.to_string()));
+            path.push((cur.clone(), Stage::Scale));
             core.insert(p);
             scale_seen = true;
             cur = c.tensor("inner").unwrap_or_default().to_string();
@@ -542,6 +677,13 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
                     "a mask applied before the scale would be scaled too",
                 ));
             }
+            // ONNX Attention applies the softcap before the mask.
+            if softcap.is_some() {
+                return Err(reject(
+                    node_label(pn),
+                    "a mask applied before the softcap would be capped too",
+                ));
+            }
             // Which Add operand is the scores path: the one a MatMul/Mul/Div/Add/Where chain
             // reaches the QK MatMul through. Try both; the first that continues wins.
             let mut c = Captures::default();
@@ -551,7 +693,7 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
             if c.has_tag("add") {
                 let a = &pn.input[0];
                 let b = &pn.input[1];
-                let leads = |t: &str| reaches_matmul(view, t, 6);
+                let leads = |t: &str| reaches_matmul(view, t, 8);
                 let (inner, term) = if leads(a) {
                     (a.clone(), b.clone())
                 } else if leads(b) {
@@ -563,6 +705,7 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
                     ));
                 };
                 masks.push(MaskLayer::Add { node: p, term });
+                path.push((cur.clone(), Stage::MaskAdd));
                 core.insert(p);
                 cur = inner;
                 continue;
@@ -579,6 +722,7 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
                 fill_value,
                 masked_when_true: c.has_tag("where"),
             });
+            path.push((cur.clone(), Stage::MaskFill));
             core.insert(p);
             cur = inner;
             continue;
@@ -592,6 +736,24 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
         ));
     };
     masks.reverse();
+    // An additive term that is provably all zeros changes nothing (x + 0 = x, also for -0):
+    // drop it, unless it would broadcast the scores to a larger shape.
+    let qk_out = qk_caps
+        .tensor("qk")
+        .and_then(|t| view.shape(t))
+        .map(<[Dim]>::to_vec);
+    masks.retain(|m| {
+        let MaskLayer::Add { term, .. } = m else {
+            return true;
+        };
+        let fits =
+            matches!((view.shape(term), &qk_out), (Some(s), Some(q)) if mask_fits(s, q).is_ok());
+        let zero = fits && crate::causal::is_zero(view, term);
+        if zero {
+            tags.push("zero-mask-dropped".into());
+        }
+        !zero
+    });
     tags.extend(
         qk_caps
             .tags
@@ -792,42 +954,103 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
         .shape(&view.node(qk).output[0])
         .ok_or_else(|| reject(&qk_label, "scores shape unknown"))?
         .to_vec();
-    for m in &masks {
-        let parts: Vec<&String> = match m {
-            MaskLayer::Add { term, .. } => vec![term],
-            MaskLayer::Fill { cond, fill, .. } => vec![cond, fill],
-        };
-        let node = match m {
-            MaskLayer::Add { node, .. } | MaskLayer::Fill { node, .. } => *node,
-        };
-        for t in parts {
-            let s = view.shape(t).ok_or_else(|| {
-                reject(
-                    node_label(view.node(node)),
-                    format!("shape of mask tensor '{t}' unknown"),
-                )
-            })?;
-            mask_fits(s, &scores_shape).map_err(|r| reject(node_label(view.node(node)), r))?;
+    // qk_matmul_output: one scores-path tensor that is also read outside the block (the ONNX
+    // expansions' `qk_matmul_output`) can be the fused node's 4th output when it holds one of
+    // the op's stages.
+    let softmax_out = sm_out.clone();
+    let mut tap: Option<(String, i64)> = None;
+    for t in path
+        .iter()
+        .map(|(t, _)| t.as_str())
+        .chain(std::iter::once(softmax_out.as_str()))
+    {
+        let outside =
+            view.is_graph_output(t) || view.consumers(t).iter().any(|c| !core.contains(c));
+        if !outside {
+            continue;
         }
-        if let MaskLayer::Fill {
-            fill_value, node, ..
-        } = m
-        {
-            if fill_value.is_nan() || *fill_value == f64::INFINITY {
+        match qk_stage(&path, &softmax_out, t) {
+            Some(mode) if tap.is_none() => tap = Some((t.to_string(), mode)),
+            _ => {
+                let p = view
+                    .producer(t)
+                    .map(|p| node_label(view.node(p)))
+                    .unwrap_or_default();
                 return Err(reject(
-                    node_label(view.node(*node)),
-                    format!("mask fill {fill_value} is not -inf or finite"),
+                    p,
+                    format!(
+                        "intermediate '{t}' is also used outside the block and is not one \
+                         qk_matmul_output stage of the Attention op"
+                    ),
                 ));
             }
-            if *fill_value == f64::NEG_INFINITY {
-                caveats.push(
-                    "rows with every key masked: 0 from the ONNX Attention op, NaN in PyTorch"
-                        .to_string(),
-                );
-            } else {
-                caveats.push(format!("masked_fill({fill_value}) fused as an additive mask: rows with every key masked differ"));
-            }
         }
+    }
+    if let Some((_, mode)) = &tap {
+        tags.push(format!("qk_matmul_output={mode}"));
+    }
+
+    // Causal: a mask layer proven to be exactly "key j visible iff j ≤ i" becomes is_causal,
+    // and what else the layer masked stays as attn_mask.
+    let base_caveats = mask_caveats(view, &masks, &scores_shape)?;
+    let mut is_causal = false;
+    let mut causal_note = None;
+    if matches!(tap, Some((_, 2))) {
+        causal_note = Some(
+            "is_causal not used: the block's qk_matmul_output (mode 2) must hold the mask as it is"
+                .to_string(),
+        );
+    } else if !masks.is_empty() {
+        match crate::causal::prove(view, &masks, &scores_shape) {
+            Ok(proof) => {
+                let mut with = masks.clone();
+                match proof.replacement {
+                    Some(l) => with[proof.layer] = l,
+                    None => {
+                        with.remove(proof.layer);
+                    }
+                }
+                match mask_caveats(view, &with, &scores_shape) {
+                    Ok(mut c) => {
+                        if let Some(pc) = &proof.caveat {
+                            // The causal caveat says it for the remaining padding fill too.
+                            c.retain(|x| {
+                                base_caveats.contains(x) || !x.starts_with("masked_fill(")
+                            });
+                            c.push(pc.clone());
+                        }
+                        let added: Vec<&String> =
+                            c.iter().filter(|x| !base_caveats.contains(x)).collect();
+                        if strict && !added.is_empty() {
+                            causal_note = Some(format!(
+                                "is_causal not used: strict, and it would add the caveat: {}",
+                                added
+                                    .iter()
+                                    .map(|s| s.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join("; ")
+                            ));
+                        } else {
+                            masks = with;
+                            caveats.extend(c);
+                            is_causal = true;
+                            tags.push("causal".into());
+                            causal_note = Some(format!("is_causal=1: {}", proof.how));
+                        }
+                    }
+                    Err(r) => {
+                        causal_note = Some(format!(
+                            "is_causal not used: the remaining mask does not fit: {}",
+                            r.reason
+                        ))
+                    }
+                }
+            }
+            Err(why) => causal_note = Some(format!("is_causal not used: {why}")),
+        }
+    }
+    if !is_causal {
+        caveats.extend(base_caveats);
     }
     caveats.dedup();
     let mut expand_mask = false;
@@ -866,10 +1089,17 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
         Some(scale as f32)
     };
 
-    // Exclusivity: intermediates are consumed only inside the match and are not outputs.
+    // Exclusivity: intermediates are consumed only inside the match and are not outputs
+    // (except the qk_matmul_output tap, which the fused node produces).
+    if tap.is_some() && layout == Layout::Batched {
+        return Err(reject(
+            &qk_label,
+            "qk_matmul_output of batched 3-D attention would have another rank",
+        ));
+    }
     for &n in &core {
         for o in &view.node(n).output {
-            if o == &output || o.is_empty() {
+            if o == &output || o.is_empty() || tap.as_ref().is_some_and(|(t, _)| t == o) {
                 continue;
             }
             if view.is_graph_output(o) {
@@ -910,8 +1140,101 @@ pub fn check(view: &GraphView, sm: usize) -> Result<AttentionMatch, Reject> {
         caveats,
         heads,
         expand_mask,
+        is_causal,
+        causal_note,
+        softcap,
+        qk_output: tap,
         input_shapes,
     })
+}
+
+/// A fill value as a reader wants it: `-3.4028234663852886e38`, not 39 digits.
+pub(crate) fn fill_str(v: f64) -> String {
+    if v.is_finite() && v.abs() >= 1e6 {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Checks that every mask term broadcasts into the scores without enlarging them and that
+/// fills are usable; returns the caveats the masks bring.
+fn mask_caveats(
+    view: &GraphView,
+    masks: &[MaskLayer],
+    scores_shape: &[Dim],
+) -> Result<Vec<String>, Reject> {
+    let mut caveats = Vec::new();
+    for m in masks {
+        let parts: Vec<&String> = match m {
+            MaskLayer::Add { term, .. } => vec![term],
+            MaskLayer::Fill { cond, fill, .. } => vec![cond, fill],
+        };
+        let node = match m {
+            MaskLayer::Add { node, .. } | MaskLayer::Fill { node, .. } => *node,
+        };
+        for t in parts {
+            let s = view.shape(t).ok_or_else(|| {
+                reject(
+                    node_label(view.node(node)),
+                    format!("shape of mask tensor '{t}' unknown"),
+                )
+            })?;
+            mask_fits(s, scores_shape).map_err(|r| reject(node_label(view.node(node)), r))?;
+        }
+        if let MaskLayer::Fill {
+            fill_value, node, ..
+        } = m
+        {
+            if fill_value.is_nan() || *fill_value == f64::INFINITY {
+                return Err(reject(
+                    node_label(view.node(*node)),
+                    format!("mask fill {fill_value} is not -inf or finite"),
+                ));
+            }
+            if *fill_value == f64::NEG_INFINITY {
+                caveats.push(
+                    "rows with every key masked: 0 from the ONNX Attention op, NaN in PyTorch"
+                        .to_string(),
+                );
+            } else {
+                caveats.push(format!(
+                    "masked_fill({}) fused as an additive mask: rows with every key masked differ",
+                    fill_str(*fill_value)
+                ));
+            }
+        }
+    }
+    caveats.dedup();
+    Ok(caveats)
+}
+
+/// `softcap · tanh(x / softcap)` ending at the Mul `mul`: returns the cap, the nodes and `x`.
+fn softcap_layer(view: &GraphView, mul: usize) -> Option<(f32, Vec<usize>, String)> {
+    let mn = view.node(mul);
+    if mn.input.len() != 2 {
+        return None;
+    }
+    let known = |t: &str| view.value(t).and_then(|v| v.scalar_f64());
+    let (tanh_out, cap) = match (known(&mn.input[0]), known(&mn.input[1])) {
+        (None, Some(c)) => (&mn.input[0], c),
+        (Some(c), None) => (&mn.input[1], c),
+        _ => return None,
+    };
+    if !(cap.is_finite() && cap > 0.0) {
+        return None;
+    }
+    let t = view.producer(tanh_out)?;
+    let tn = view.node(t);
+    if tn.op_type != "Tanh" || !attnrt_onnx::opset::is_default_domain(&tn.domain) {
+        return None;
+    }
+    let d = view.producer(tn.input.first()?)?;
+    let dn = view.node(d);
+    if dn.op_type != "Div" || dn.input.len() != 2 || known(&dn.input[1]) != Some(cap) {
+        return None;
+    }
+    Some((cap as f32, vec![mul, t, d], dn.input[0].clone()))
 }
 
 /// `out3 = Reshape(Transpose(ctx, [0, 2, 1, 3]), [B, Lq, H·Dv])`; returns the Transpose and
@@ -934,7 +1257,8 @@ fn head_merge(
             node_label(tn)
         ));
     }
-    let tcons = view.consumers(&tn.output[0]);
+    let t_out = tn.output.first().ok_or("merge Transpose has no output")?;
+    let tcons = view.consumers(t_out);
     let [r] = tcons else {
         return Err("merge Transpose has several consumers".into());
     };
@@ -945,8 +1269,9 @@ fn head_merge(
             node_label(rn)
         ));
     }
+    let r_out = rn.output.first().ok_or("merge Reshape has no output")?;
     let os = view
-        .shape(&rn.output[0])
+        .shape(r_out)
         .ok_or("merge Reshape output shape unknown")?;
     let hd = qs[1].mul(&vs[3]).ok_or("overflow")?;
     if os.len() != 3 || os[0] != qs[0] || os[1] != qs[2] || os[2] != hd {
@@ -955,7 +1280,7 @@ fn head_merge(
             shape_str(os)
         ));
     }
-    Ok((*t, *r, rn.output[0].clone()))
+    Ok((*t, *r, r_out.clone()))
 }
 
 /// Whether `t` reaches a MatMul through at most `depth` Mul/Div/Add/Where nodes.
@@ -966,7 +1291,7 @@ fn reaches_matmul(view: &GraphView, t: &str, depth: usize) -> bool {
     let n = view.node(p);
     match n.op_type.as_str() {
         "MatMul" => true,
-        "Mul" | "Div" | "Add" | "Where" if depth > 0 => {
+        "Mul" | "Div" | "Add" | "Where" | "Cast" | "Tanh" if depth > 0 => {
             let inputs: Vec<&String> = if n.op_type == "Where" {
                 n.input.iter().skip(1).collect()
             } else {

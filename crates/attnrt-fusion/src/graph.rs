@@ -426,6 +426,7 @@ impl<'a> GraphView<'a> {
             }
             "Identity" => {
                 let v = self.in_value(n, 0).cloned();
+                self.copy_type(n);
                 self.set(n, 0, s0, v);
             }
             "Shape" => {
@@ -495,6 +496,10 @@ impl<'a> GraphView<'a> {
                     )),
                     ("Neg", Some(Value::Floats(d, v))) => {
                         Some(Value::Floats(d.clone(), v.iter().map(|x| -x).collect()))
+                    }
+                    // The ONNX expansions compute their GQA repeat count through Not/And.
+                    ("Not", Some(Value::Bools(d, v))) => {
+                        Some(Value::Bools(d.clone(), v.iter().map(|x| !x).collect()))
                     }
                     _ => None,
                 };
@@ -711,6 +716,48 @@ impl<'a> GraphView<'a> {
                 self.set(n, 0, Some(out), None);
             }
             "Slice" => self.infer_slice(n),
+            "Pad" => {
+                // Opset ≥ 11 takes pads (and, from 18, axes) as inputs; before, an attribute.
+                let Some(s) = s0 else { return };
+                let r = s.len() as i64;
+                let pads: Option<Vec<i64>> = match attr::ints(n, "pads").ok().flatten() {
+                    Some(p) => Some(p.to_vec()),
+                    None => self.in_value(n, 1).and_then(Value::known_ints),
+                };
+                let Some(pads) = pads else { return };
+                let axes: Vec<i64> = if n.input.len() > 3 && !n.input[3].is_empty() {
+                    match self.in_value(n, 3).and_then(Value::known_ints) {
+                        Some(a) => a,
+                        None => return,
+                    }
+                } else {
+                    (0..r).collect()
+                };
+                if pads.len() != 2 * axes.len() {
+                    return;
+                }
+                let mut out = s.clone();
+                for (k, &a) in axes.iter().enumerate() {
+                    let a = if a < 0 { a + r } else { a };
+                    if !(0..r).contains(&a) {
+                        return;
+                    }
+                    let Some(add) = pads[k].checked_add(pads[k + axes.len()]) else {
+                        return;
+                    };
+                    let d = &out[a as usize];
+                    out[a as usize] = match d.as_known() {
+                        Some(v) => match v.checked_add(add) {
+                            Some(x) if x >= 0 => Dim::known(x),
+                            _ => return,
+                        },
+                        None if add == 0 => d.clone(),
+                        None => return,
+                    };
+                }
+                self.copy_type(n);
+                self.set(n, 0, Some(out), None);
+            }
             "Attention" => {
                 // The op this crate emits: needed so later blocks see shapes after a rewrite.
                 let (Some(q), Some(v)) = (s0, self.in_shape(n, 2)) else {
@@ -927,8 +974,16 @@ impl<'a> GraphView<'a> {
                     }
                     return;
                 };
-                let count: i64 = shape.iter().product();
-                if count < 0 || count as usize > MAX_VALUE_ELEMENTS {
+                // A hostile shape can overflow the product: then it is not a small value.
+                let Some(count) =
+                    shape.iter().try_fold(
+                        1i64,
+                        |acc, &d| if d < 0 { None } else { acc.checked_mul(d) },
+                    )
+                else {
+                    return;
+                };
+                if count as usize > MAX_VALUE_ELEMENTS {
                     return;
                 }
                 let fill = attr::tensor(n, "value")
@@ -1084,8 +1139,14 @@ fn value_info_shape(vi: &attnrt_onnx::ValueInfoProto) -> Option<Vec<Dim>> {
 
 /// The value of a small constant tensor.
 pub fn tensor_value(t: &TensorProto) -> Option<Value> {
-    let n = tensor::element_count(&t.dims, MAX_VALUE_ELEMENTS as u64).ok()? as usize;
-    if n > MAX_VALUE_ELEMENTS || !t.external_data.is_empty() {
+    tensor_value_limited(t, MAX_VALUE_ELEMENTS)
+}
+
+/// The value of a constant tensor of at most `limit` elements (stored in the file, not as
+/// external data).
+pub fn tensor_value_limited(t: &TensorProto, limit: usize) -> Option<Value> {
+    let n = tensor::element_count(&t.dims, limit as u64).ok()? as usize;
+    if n > limit || !t.external_data.is_empty() {
         return None;
     }
     let dims = t.dims.clone();
@@ -1195,6 +1256,20 @@ fn eval_elementwise(op: &str, vals: &[&Value]) -> Option<Value> {
         }
     };
     match (op, vals) {
+        (_, [Value::Bools(_, a), Value::Bools(_, b)]) => {
+            let f = |x: bool, y: bool| -> Option<bool> {
+                Some(match op {
+                    "And" => x && y,
+                    "Or" => x || y,
+                    "Xor" | "BitwiseXor" => x != y,
+                    "Equal" => x == y,
+                    _ => return None,
+                })
+            };
+            let out: Option<Vec<bool>> =
+                (0..len).map(|i| f(a[pick(i, 0)], b[pick(i, 1)])).collect();
+            Some(Value::Bools(dims, out?))
+        }
         ("Where", [Value::Bools(_, c), a, b]) => {
             let mut out = Vec::new();
             for i in 0..len {

@@ -6,11 +6,18 @@
 //! (opset 23). Each Softmax that is not fused is reported as a [`NearMiss`] naming the node
 //! and the failed predicate.
 //!
+//! A mask layer proven to be exactly the causal triangle (`key j visible iff j ≤ i`, Lq = Lk)
+//! becomes `is_causal=1` (the kernel then skips the key blocks above the diagonal); whatever
+//! else that layer masked (padding) stays as `attn_mask`. Each block's report says how the
+//! triangle was proven, or why `is_causal` was not used.
+//!
 //! Layers: [`graph`] (a view with producers/consumers and a symbolic shape/value evaluator),
 //! [`pattern`] (the declarative pattern language), [`attention`] (the rule, in named pieces),
-//! [`rewrite`] (emission and cleanup), [`upgrade`] (opset raise), [`text`] (snapshots, DOT).
+//! [`causal`] (the causal-mask proofs), [`rewrite`] (emission and cleanup), [`upgrade`]
+//! (opset raise), [`text`] (snapshots, DOT).
 
 pub mod attention;
+pub mod causal;
 pub mod graph;
 pub mod pattern;
 pub mod rewrite;
@@ -78,6 +85,11 @@ pub struct FusedBlock {
     pub mask: String,
     /// Whether `is_causal` was set.
     pub is_causal: bool,
+    /// How the causal triangle was proven, or why `is_causal` was not used (absent when the
+    /// block has no mask).
+    pub causal_note: Option<String>,
+    /// The emitted `softcap` attribute, when the block caps its scores.
+    pub softcap: Option<f32>,
     /// Where the fused result differs from the original on edge inputs.
     pub caveats: Vec<String>,
 }
@@ -135,6 +147,9 @@ impl FusionReport {
         let mut lines = Vec::new();
         for b in &self.blocks {
             lines.push(format!("fused {} ({}): rule {}", b.node, b.softmax, b.rule));
+            if let Some(n) = &b.causal_note {
+                lines.push(format!("  {n}"));
+            }
             for c in &b.caveats {
                 lines.push(format!("  caveat: {c}"));
             }
@@ -179,7 +194,7 @@ pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
                 .push(near_miss(n, &node_label(n), reason));
             continue;
         }
-        match attention::check(&view, i) {
+        match attention::check(&view, i, options.strict) {
             Ok(m) if options.strict && !m.caveats.is_empty() => report.near_misses.push(near_miss(
                 n,
                 &node_label(n),
@@ -244,7 +259,7 @@ pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
             continue;
         };
         let sm_label = node_label(&g.node[sm]);
-        let m = match attention::check(&view, sm) {
+        let m = match attention::check(&view, sm, options.strict) {
             Ok(m) => m,
             Err(r) => {
                 report.near_misses.push(NearMiss {
@@ -282,7 +297,9 @@ pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
             kv_heads,
             scale: m.scale_attr,
             mask: done.mask,
-            is_causal: false,
+            is_causal: m.is_causal,
+            causal_note: m.causal_note,
+            softcap: m.softcap,
             caveats: m.caveats,
         });
     }

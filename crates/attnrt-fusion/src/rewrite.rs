@@ -135,6 +135,17 @@ pub fn rewrite(graph: &mut GraphProto, m: &AttentionMatch, name: &str) -> Result
     if let Some(s) = m.scale_attr {
         attrs.push(attr::make_float("scale", s));
     }
+    if m.is_causal {
+        attrs.push(attr::make_int("is_causal", 1));
+    }
+    if let Some(c) = m.softcap {
+        attrs.push(attr::make_float("softcap", c));
+    }
+    if let Some((_, mode)) = &m.qk_output {
+        if *mode != 0 {
+            attrs.push(attr::make_int("qk_matmul_output_mode", *mode));
+        }
+    }
     if let Some(mt) = &mask_tensor {
         inputs.push(mt.clone());
     }
@@ -165,13 +176,12 @@ pub fn rewrite(graph: &mut GraphProto, m: &AttentionMatch, name: &str) -> Result
         ));
         output = y4;
     }
-    new_nodes.push(node(
-        name.to_string(),
-        "Attention",
-        inputs,
-        vec![output],
-        attrs,
-    ));
+    let outputs = match &m.qk_output {
+        // Outputs: Y, present_key, present_value (not produced), qk_matmul_output.
+        Some((t, _)) => vec![output, String::new(), String::new(), t.clone()],
+        None => vec![output],
+    };
+    new_nodes.push(node(name.to_string(), "Attention", inputs, outputs, attrs));
 
     // Remove the matched nodes, insert the new ones where the last matched node was.
     let last = *m.core.iter().max().context("empty match")?;

@@ -80,6 +80,14 @@ impl Builder {
             .push(tensor::from_i64(&name, &[values.len() as i64], values));
         name
     }
+    fn i64_scalar(&mut self, value: i64) -> String {
+        self.count += 1;
+        let name = format!("c{}", self.count);
+        self.g
+            .initializer
+            .push(tensor::from_i64(&name, &[], &[value]));
+        name
+    }
     fn op(&mut self, op: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> String {
         self.count += 1;
         let out = format!("t{}", self.count);
@@ -128,6 +136,11 @@ struct Cfg {
     cross: bool,
     scores_used_elsewhere: bool,
     probs_is_output: bool,
+    /// A `Cast(to)` between the scale and the mask (ONNX expansions' softmax_precision).
+    scores_cast: Option<i64>,
+    /// `c · tanh(x / c)` after the scale; `true`: before the mask (as ONNX Attention does),
+    /// `false`: after it.
+    softcap: Option<(f32, bool)>,
 }
 
 #[derive(Clone)]
@@ -144,6 +157,19 @@ enum Mask {
     None,
     Add(Vec<&'static str>),
     Fill(f32),
+    /// nanoGPT: `Where(Equal(Slice(tril buffer, start:L, start:L), 0), -inf, scores)`; the
+    /// 8×8 buffer is 1 where `j ≤ i + diag`.
+    Tril {
+        start: i64,
+        diag: i64,
+    },
+    /// transformers: `Add(scores, Where(cmp(kv_idx, q_idx) [∧ pad], 0, fill))` over
+    /// `Range(0, L)` positions.
+    Positions {
+        cmp: &'static str,
+        pad: bool,
+        fill: f32,
+    },
 }
 
 impl Default for Cfg {
@@ -158,6 +184,8 @@ impl Default for Cfg {
             cross: false,
             scores_used_elsewhere: false,
             probs_is_output: false,
+            scores_cast: None,
+            softcap: None,
         }
     }
 }
@@ -229,8 +257,58 @@ fn mha(cfg: &Cfg) -> ModelProto {
         }
         Scale::None | Scale::Split(_) => {}
     }
+    if let Some(to) = cfg.scores_cast {
+        s = b.op("Cast", &[&s], vec![attr::make_int("to", to)]);
+    }
+    let softcap = |b: &mut Builder, x: &str, c: f32| {
+        let c = b.f32(&[], &[c]);
+        let d = b.op("Div", &[x, &c], vec![]);
+        let t = b.op("Tanh", &[&d], vec![]);
+        b.op("Mul", &[&t, &c], vec![])
+    };
+    if let Some((c, true)) = cfg.softcap {
+        s = softcap(&mut b, &s, c);
+    }
     match &cfg.mask {
         Mask::None => {}
+        Mask::Tril { start, diag } => {
+            let n = 8i64;
+            let vals: Vec<f32> = (0..n * n)
+                .map(|k| if k % n <= k / n + diag { 1.0 } else { 0.0 })
+                .collect();
+            let buf = b.f32(&[1, 1, n, n], &vals);
+            let len = b.op(
+                "Shape",
+                &[&x],
+                vec![attr::make_int("start", 1), attr::make_int("end", 2)],
+            );
+            let st = b.i64s(&[*start]);
+            let (ax2, ax3) = (b.i64s(&[2]), b.i64s(&[3]));
+            let rows = b.op("Slice", &[&buf, &st, &len, &ax2], vec![]);
+            let tri = b.op("Slice", &[&rows, &st, &len, &ax3], vec![]);
+            let zero = b.f32(&[], &[0.0]);
+            let cond = b.op("Equal", &[&tri, &zero], vec![]);
+            let fill = b.f32(&[], &[f32::NEG_INFINITY]);
+            s = b.op("Where", &[&cond, &fill, &s], vec![]);
+        }
+        Mask::Positions { cmp, pad, fill } => {
+            let shape = b.op("Shape", &[&x], vec![]);
+            let one = b.i64_scalar(1);
+            let len = b.op("Gather", &[&shape, &one], vec![attr::make_int("axis", 0)]);
+            let zero = b.i64_scalar(0);
+            let pos = b.op("Range", &[&zero, &len, &one], vec![]);
+            let (ax0, ax1) = (b.i64s(&[0]), b.i64s(&[1]));
+            let kv = b.op("Unsqueeze", &[&pos, &ax0], vec![]);
+            let q = b.op("Unsqueeze", &[&pos, &ax1], vec![]);
+            let mut cond = b.op(cmp, &[&kv, &q], vec![]);
+            if *pad {
+                let m = b.bool_input("pad", &["B", "1", "1", "L"]);
+                cond = b.op("And", &[&cond, &m], vec![]);
+            }
+            let (z, f) = (b.f32(&[], &[0.0]), b.f32(&[], &[*fill]));
+            let term = b.op("Where", &[&cond, &z, &f], vec![]);
+            s = b.op("Add", &[&s, &term], vec![]);
+        }
         Mask::Add(dims) => {
             let m = b.input("mask", dims);
             s = b.op("Add", &[&s, &m], vec![]);
@@ -240,6 +318,9 @@ fn mha(cfg: &Cfg) -> ModelProto {
             let c = b.f32(&[], &[*f]);
             s = b.op("Where", &[&m, &c, &s], vec![]);
         }
+    }
+    if let Some((c, false)) = cfg.softcap {
+        s = softcap(&mut b, &s, c);
     }
     let p = b.op(
         "Softmax",
@@ -556,20 +637,42 @@ fn near_miss_scale_not_constant() {
 
 #[test]
 fn near_miss_intermediate_used_elsewhere() {
+    // The unscaled QK product (the Div comes after it) is none of the op's output stages.
     let r = not_fused(&Cfg {
         scores_used_elsewhere: true,
         ..Default::default()
     });
-    assert!(r.contains("is also used by"), "{r}");
+    assert!(
+        r.contains("is also used outside the block and is not one qk_matmul_output stage"),
+        "{r}"
+    );
 }
 
 #[test]
-fn near_miss_intermediate_is_graph_output() {
-    let r = not_fused(&Cfg {
+fn probs_as_graph_output_become_qk_matmul_output_mode_3() {
+    let (f, n) = fused_one(&Cfg {
         probs_is_output: true,
         ..Default::default()
     });
-    assert!(r.contains("is a graph output"), "{r}");
+    let g = f.model.graph.as_ref().unwrap();
+    let probs = &g.output[1].name;
+    assert_eq!(n.output.len(), 4, "{}", structure_text(&f.model));
+    assert_eq!(&n.output[3], probs);
+    assert_eq!(n.output[1], "");
+    assert_eq!(int_attr(&n, "qk_matmul_output_mode"), Some(3));
+    assert!(f.report.blocks[0].rule.contains("qk_matmul_output=3"));
+    assert!(!g.node.iter().any(|n| n.op_type == "Softmax"));
+}
+
+#[test]
+fn near_miss_two_taps_on_the_scores() {
+    // The probabilities and the raw product both leave the block: one output stage only.
+    let r = not_fused(&Cfg {
+        probs_is_output: true,
+        scores_used_elsewhere: true,
+        ..Default::default()
+    });
+    assert!(r.contains("not one qk_matmul_output stage"), "{r}");
 }
 
 #[test]
@@ -618,4 +721,286 @@ fn report_lines_and_dot() {
     let dot = attnrt_fusion::block_dot(&m, &f, 0);
     assert!(dot.starts_with("digraph"));
     assert!(dot.contains("Softmax") && dot.contains("Attention"));
+}
+
+fn int_attr_or_0(n: &NodeProto, name: &str) -> i64 {
+    int_attr(n, name).unwrap_or(0)
+}
+
+#[test]
+fn causal_from_a_constant_tril_sliced_from_zero() {
+    let (f, n) = fused_one(&Cfg {
+        mask: Mask::Tril { start: 0, diag: 0 },
+        ..Default::default()
+    });
+    assert_eq!(
+        int_attr(&n, "is_causal"),
+        Some(1),
+        "{}",
+        structure_text(&f.model)
+    );
+    assert_eq!(n.input.len(), 3, "the triangle was the whole mask");
+    let b = &f.report.blocks[0];
+    assert!(b.is_causal);
+    assert_eq!(b.mask, "none");
+    // -inf fill, but with is_causal key 0 is always visible: no fully-masked row.
+    assert!(b.caveats.is_empty(), "{:?}", b.caveats);
+    let note = b.causal_note.as_deref().unwrap();
+    assert!(
+        note.starts_with("is_causal=1") && note.contains("8×8"),
+        "{note}"
+    );
+    // The buffer, its slices and the comparison are gone with the mask.
+    let g = f.model.graph.as_ref().unwrap();
+    assert!(!g
+        .node
+        .iter()
+        .any(|n| n.op_type == "Slice" || n.op_type == "Equal"));
+    assert!(!g.initializer.iter().any(|t| t.dims == [1, 1, 8, 8]));
+}
+
+#[test]
+fn near_miss_triangle_off_by_one_is_not_causal() {
+    // The buffer excludes the diagonal (j < i): query 0 sees no key. A mask, never is_causal.
+    let (f, n) = fused_one(&Cfg {
+        mask: Mask::Tril { start: 0, diag: -1 },
+        ..Default::default()
+    });
+    assert_eq!(int_attr_or_0(&n, "is_causal"), 0);
+    assert_eq!(n.input.len(), 4, "the mask stays an input");
+    let b = &f.report.blocks[0];
+    assert!(!b.is_causal);
+    let note = b.causal_note.as_deref().unwrap();
+    assert!(
+        note.starts_with("is_causal not used") && note.contains("off the causal diagonal by one"),
+        "{note}"
+    );
+    // The same with positions: `kv < q` is off the diagonal by one.
+    let (f, n) = fused_one(&Cfg {
+        mask: Mask::Positions {
+            cmp: "Less",
+            pad: false,
+            fill: f32::NEG_INFINITY,
+        },
+        ..Default::default()
+    });
+    assert_eq!(int_attr_or_0(&n, "is_causal"), 0);
+    let note = f.report.blocks[0].causal_note.clone().unwrap();
+    assert!(note.contains("off the causal diagonal by -1"), "{note}");
+    assert!(f
+        .report
+        .explain_lines()
+        .iter()
+        .any(|l| l.contains("is_causal not used")));
+}
+
+/// 4-D attention with static L = 5 masked by `Slice(tril 8×8, start:start+5)` on both axes.
+fn static_tril_block(start: i64) -> ModelProto {
+    let mut b = Builder::default();
+    let q = b.input("q", &["1", "4", "5", "16"]);
+    let k = b.input("k", &["1", "4", "5", "16"]);
+    let v = b.input("v", &["1", "4", "5", "16"]);
+    let kt = b.transpose(&k, &[0, 1, 3, 2]);
+    let s = b.op("MatMul", &[&q, &kt], vec![]);
+    let n = 8i64;
+    let vals: Vec<f32> = (0..n * n)
+        .map(|k| if k % n <= k / n { 1.0 } else { 0.0 })
+        .collect();
+    let buf = b.f32(&[1, 1, n, n], &vals);
+    let (starts, ends, axes) = (
+        b.i64s(&[start, start]),
+        b.i64s(&[start + 5, start + 5]),
+        b.i64s(&[2, 3]),
+    );
+    let tri = b.op("Slice", &[&buf, &starts, &ends, &axes], vec![]);
+    let zero = b.f32(&[], &[0.0]);
+    let cond = b.op("Equal", &[&tri, &zero], vec![]);
+    let fill = b.f32(&[], &[f32::NEG_INFINITY]);
+    let s = b.op("Where", &[&cond, &fill, &s], vec![]);
+    let p = b.op("Softmax", &[&s], vec![attr::make_int("axis", -1)]);
+    let o = b.op("MatMul", &[&p, &v], vec![]);
+    b.output(&o, &["1", "4", "5", "16"]);
+    b.model(17)
+}
+
+#[test]
+fn near_miss_slice_not_starting_at_zero_is_not_causal() {
+    // [0:5, 0:5] of the tril is the 5×5 tril: causal.
+    let f = fuse(&static_tril_block(0), &FusionOptions::default()).unwrap();
+    assert_eq!(int_attr(attention(&f), "is_causal"), Some(1));
+    // [1:6, 1:6] is also lower-triangular, but a block cut off the diagonal is not trusted
+    // (in general it is not the causal rule): the mask stays.
+    let f = fuse(&static_tril_block(1), &FusionOptions::default()).unwrap();
+    let n = attention(&f);
+    assert_eq!(int_attr_or_0(n, "is_causal"), 0);
+    assert_eq!(n.input.len(), 4);
+    let note = f.report.blocks[0].causal_note.clone().unwrap();
+    assert!(note.contains("from 1"), "{note}");
+}
+
+#[test]
+fn causal_from_positions_with_padding_keeps_the_padding_mask() {
+    let cfg = Cfg {
+        mask: Mask::Positions {
+            cmp: "LessOrEqual",
+            pad: true,
+            fill: f32::MIN,
+        },
+        ..Default::default()
+    };
+    let (f, n) = fused_one(&cfg);
+    assert_eq!(int_attr(&n, "is_causal"), Some(1));
+    // What remains is the padding, as Where(pad, 0, finfo.min).
+    let w = mask_producer(&f, &n).unwrap();
+    assert_eq!(w.op_type, "Where");
+    assert_eq!(w.input[0], "pad");
+    let g = f.model.graph.as_ref().unwrap();
+    assert!(!g
+        .node
+        .iter()
+        .any(|n| n.op_type == "Range" || n.op_type == "LessOrEqual"));
+    // finfo.min instead of -inf: rows whose every key is padded differ; --strict keeps the
+    // combined mask as it is (exact) and says why is_causal was not used.
+    let caveats = &f.report.blocks[0].caveats;
+    assert!(
+        caveats
+            .iter()
+            .any(|c| c.contains("is_causal replaces a finite fill")),
+        "{caveats:?}"
+    );
+    let strict = fuse(&mha(&cfg), &FusionOptions { strict: true }).unwrap();
+    assert_eq!(strict.report.blocks.len(), 1);
+    let b = &strict.report.blocks[0];
+    assert!(!b.is_causal && b.caveats.is_empty());
+    assert!(
+        b.causal_note.as_deref().unwrap().contains("strict"),
+        "{:?}",
+        b.causal_note
+    );
+    // `kv > q` kept: the upper triangle (anti-causal), never is_causal.
+    let (f, n) = fused_one(&Cfg {
+        mask: Mask::Positions {
+            cmp: "Greater",
+            pad: false,
+            fill: f32::NEG_INFINITY,
+        },
+        ..Default::default()
+    });
+    assert_eq!(int_attr_or_0(&n, "is_causal"), 0);
+    assert!(!f.report.blocks[0].is_causal);
+}
+
+#[test]
+fn same_type_cast_on_the_scores_is_accepted() {
+    let (f, _) = fused_one(&Cfg {
+        scores_cast: Some(attnrt_onnx::DataType::Float as i64),
+        ..Default::default()
+    });
+    assert!(
+        f.report.blocks[0].rule.contains("scores-cast"),
+        "{}",
+        f.report.blocks[0].rule
+    );
+    assert!(!f
+        .model
+        .graph
+        .as_ref()
+        .unwrap()
+        .node
+        .iter()
+        .any(|n| n.op_type == "Cast"));
+}
+
+#[test]
+fn near_miss_type_changing_cast_on_the_scores() {
+    let r = not_fused(&Cfg {
+        scores_cast: Some(attnrt_onnx::DataType::Float16 as i64),
+        ..Default::default()
+    });
+    assert!(
+        r.contains("not provably the identity (casts FLOAT to FLOAT16)"),
+        "{r}"
+    );
+}
+
+#[test]
+fn softcap_before_the_mask_becomes_the_attribute() {
+    let (f, n) = fused_one(&Cfg {
+        softcap: Some((30.0, true)),
+        mask: Mask::Add(vec!["B", "1", "1", "L"]),
+        ..Default::default()
+    });
+    assert_eq!(attr::float(&n, "softcap").unwrap(), Some(30.0));
+    assert_eq!(scale_attr(&n), Some(0.25));
+    assert_eq!(f.report.blocks[0].softcap, Some(30.0));
+    assert!(!f
+        .model
+        .graph
+        .as_ref()
+        .unwrap()
+        .node
+        .iter()
+        .any(|n| n.op_type == "Tanh"));
+}
+
+#[test]
+fn near_miss_softcap_after_the_mask() {
+    // ONNX Attention caps before masking (a capped -inf would leak weight): not expressible.
+    let r = not_fused(&Cfg {
+        softcap: Some((30.0, false)),
+        mask: Mask::Add(vec!["B", "1", "1", "L"]),
+        ..Default::default()
+    });
+    assert!(r.contains("a mask applied before the softcap"), "{r}");
+}
+
+#[test]
+fn all_zero_additive_mask_is_dropped() {
+    // transformers' bidirectional mask with nothing to mask: Where(kv >= 0, 0, finfo.min)
+    // over constants only, as ViT exports it, folds to zeros.
+    let mut b = Builder::default();
+    let q = b.input("q", &["B", "4", "5", "16"]);
+    let k = b.input("k", &["B", "4", "5", "16"]);
+    let v = b.input("v", &["B", "4", "5", "16"]);
+    let kt = b.transpose(&k, &[0, 1, 3, 2]);
+    let s = b.op("MatMul", &[&q, &kt], vec![]);
+    b.count += 1;
+    let ones = format!("c{}", b.count);
+    b.g.initializer.push(attnrt_onnx::TensorProto {
+        name: ones.clone(),
+        dims: vec![1, 1, 5, 1],
+        data_type: attnrt_onnx::DataType::Bool as i32,
+        int32_data: vec![1; 5],
+        ..Default::default()
+    });
+    let (z, fmin) = (b.f32(&[], &[0.0]), b.f32(&[], &[f32::MIN]));
+    let term = b.op("Where", &[&ones, &z, &fmin], vec![]);
+    let s = b.op("Add", &[&s, &term], vec![]);
+    let p = b.op("Softmax", &[&s], vec![attr::make_int("axis", -1)]);
+    let o = b.op("MatMul", &[&p, &v], vec![]);
+    b.output(&o, &["B", "4", "5", "16"]);
+    let f = fuse(&b.model(17), &FusionOptions::default()).unwrap();
+    let n = attention(&f);
+    assert_eq!(n.input.len(), 3, "{}", structure_text(&f.model));
+    assert_eq!(f.report.blocks[0].mask, "none");
+    assert!(f.report.blocks[0].rule.contains("zero-mask-dropped"));
+}
+
+#[test]
+fn causal_triangle_with_a_weak_fill_stays_a_mask() {
+    // -1e9 leaves masked keys a weight when scores are huge: not provably is_causal.
+    let (f, n) = fused_one(&Cfg {
+        mask: Mask::Positions {
+            cmp: "LessOrEqual",
+            pad: false,
+            fill: -1e9,
+        },
+        ..Default::default()
+    });
+    assert_eq!(int_attr_or_0(&n, "is_causal"), 0);
+    let note = f.report.blocks[0].causal_note.clone().unwrap();
+    assert!(
+        note.contains("-1e9") && note.contains("not 0 and -inf"),
+        "{note}"
+    );
 }
