@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use attnrt_benches::graphs::{attention_chain_model, attention_op_model, seeded_values};
 use attnrt_benches::{
     attention_flops, check_same_output, core_inputs, env_list, fmt_opt, machine_note,
-    process_cpu_seconds, session, CoreLayout, Samples, Table, BERT_BASE_ATTENTION,
+    measured_fma_peak_gflops, process_cpu_seconds, session, CoreLayout, Samples, Table,
+    BERT_BASE_ATTENTION,
 };
 use attnrt_kernels::{attention, AttentionParams, Mask, View4, ViewMut4};
 use attnrt_runtime::{NamedTensor, Tensor, Threads};
@@ -30,16 +31,14 @@ use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
 
-/// One core's fp32 FMA peak on this machine (3.6 GHz × 2 FMA units × 16 lanes × 2 flops).
-const CORE_PEAK_GFLOPS: f64 = 235.0;
 const SEED: u64 = 11;
 
 thread_local! {
     static SAMPLES: RefCell<Samples> = RefCell::new(Samples::default());
     /// First output of each path per (threads, L), for the agreement check.
-    static OUTPUTS: RefCell<BTreeMap<String, Vec<NamedTensor>>> = RefCell::new(BTreeMap::new());
+    static OUTPUTS: RefCell<BTreeMap<String, Vec<NamedTensor>>> = const { RefCell::new(BTreeMap::new()) };
     /// Per case: (iterations, CPU seconds) summed over the timed loops.
-    static CPU: RefCell<BTreeMap<String, (u64, f64)>> = RefCell::new(BTreeMap::new());
+    static CPU: RefCell<BTreeMap<String, (u64, f64)>> = const { RefCell::new(BTreeMap::new()) };
 }
 
 fn case(path: &str, threads: usize, len: usize) -> String {
@@ -92,6 +91,9 @@ fn benches(c: &mut Criterion) {
     let layout = layout();
     let fused_model = attention_op_model(shape, layout).expect("fused graph");
     let chain_model = attention_chain_model(shape, layout).expect("unfused graph");
+    // The "% of peak" column divides by one core's FMA throughput measured here, in this run
+    // (the larger of a probe before and after the benches), not by a nominal figure.
+    let peak_before = measured_fma_peak_gflops();
     println!(
         "attention core: B=1 H={} D={} layout {layout:?}; threads {thread_counts:?} (tract matmuls and attnrt's kernel pool, set by Threads::new); kernel ISA {}; {}",
         shape.heads,
@@ -170,6 +172,8 @@ fn benches(c: &mut Criterion) {
     }
 
     // The table, with the agreement of the three paths.
+    let peak_after = measured_fma_peak_gflops();
+    let peak = peak_before.max(peak_after);
     let mut table = Table::new(&[
         "threads",
         "L",
@@ -229,10 +233,7 @@ fn benches(c: &mut Criterion) {
                         fmt_opt(gf("unfused"), 1),
                         fmt_opt(ms("kernel"), 2),
                         fmt_opt(gf("kernel"), 1),
-                        fmt_opt(
-                            gf("kernel").map(|g| 100.0 * g / (CORE_PEAK_GFLOPS * t as f64)),
-                            0,
-                        ),
+                        fmt_opt(gf("kernel").map(|g| 100.0 * g / (peak * t as f64)), 0),
                         fmt_opt(per_cpu(&case("kernel", t, len), flops), 1),
                         fmt_opt(per_cpu(&case("fused", t, len), flops), 1),
                         fmt_opt(ms("unfused").zip(ms("fused")).map(|(u, f)| u / f), 2),
@@ -244,7 +245,7 @@ fn benches(c: &mut Criterion) {
         });
     });
     println!(
-        "\nattention core, B=1 H={} D={} ({layout:?}); flops = 4·B·H·L²·D; peak = {CORE_PEAK_GFLOPS} GFLOP/s per thread\n{}\n{}",
+        "\nattention core, B=1 H={} D={} ({layout:?}); flops = 4·B·H·L²·D; peak = {peak:.1} GFLOP/s per thread (FMA loop measured in this run, before and after the benches: {peak_before:.1} / {peak_after:.1})\n{}\n{}",
         shape.heads,
         shape.head_dim,
         table.render(),

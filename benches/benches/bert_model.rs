@@ -29,7 +29,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Samplin
 
 thread_local! {
     static SAMPLES: RefCell<Samples> = RefCell::new(Samples::default());
-    static OUTPUTS: RefCell<BTreeMap<String, Vec<NamedTensor>>> = RefCell::new(BTreeMap::new());
+    static OUTPUTS: RefCell<BTreeMap<String, Vec<NamedTensor>>> = const { RefCell::new(BTreeMap::new()) };
 }
 
 /// One model at one length: its unfused and fused forms and its inputs.

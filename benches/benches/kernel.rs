@@ -73,6 +73,7 @@ thread_local! {
 }
 
 /// Times with `iter_custom` so the per-iteration times are also kept for the summary.
+#[allow(clippy::too_many_arguments)]
 fn bench_case(
     c: &mut Criterion,
     group: &str,
@@ -118,6 +119,7 @@ fn bench_case(
 
 fn benches(c: &mut Criterion) {
     let best = Isa::best_available();
+    let peak_before = attnrt_benches::measured_fma_peak_gflops();
     bench_case(
         c,
         "kernel_vs_reference",
@@ -178,14 +180,23 @@ fn benches(c: &mut Criterion) {
         );
     }
 
+    // One core's FMA throughput measured in this run (the larger of a probe before and after).
+    let peak = peak_before.max(attnrt_benches::measured_fma_peak_gflops());
     SUMMARY.with(|s| {
-        println!("\nattention core, B=1 H=12 D=64 (H=4 for kernel_vs_reference); flops = 4·B·H·L²·D (dense count)");
-        println!("{:<44} {:>12} {:>12}", "case", "median ms", "GFLOP/s");
+        println!("\nattention core, B=1 H=12 D=64 (H=4 for kernel_vs_reference); flops = 4·B·H·L²·D (dense count); one core's measured FMA peak {peak:.1} GFLOP/s");
+        println!("{:<44} {:>12} {:>12} {:>16}", "case", "median ms", "GFLOP/s", "% of peak×thr");
         for (name, flops, times) in s.borrow().iter() {
             let mut t = times.clone();
             t.sort();
             let med = t[t.len() / 2].as_secs_f64();
-            println!("GFLOPS {:<37} {:>12.3} {:>12.1}", name, med * 1e3, *flops as f64 / med / 1e9);
+            let gflops = *flops as f64 / med / 1e9;
+            // The thread count is the `t<n>` part of the case name (1 when absent).
+            let threads = name
+                .split('/')
+                .find_map(|p| p.strip_prefix('t').and_then(|n| n.parse::<f64>().ok()))
+                .unwrap_or(1.0);
+            let pct = if peak > 0.0 { 100.0 * gflops / (peak * threads) } else { f64::NAN };
+            println!("GFLOPS {:<37} {:>12.3} {:>12.1} {:>15.0}%", name, med * 1e3, gflops, pct);
         }
     });
 }

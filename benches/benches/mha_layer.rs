@@ -33,7 +33,7 @@ use criterion::{
 
 thread_local! {
     static SAMPLES: RefCell<Samples> = RefCell::new(Samples::default());
-    static OUTPUTS: RefCell<BTreeMap<String, Vec<NamedTensor>>> = RefCell::new(BTreeMap::new());
+    static OUTPUTS: RefCell<BTreeMap<String, Vec<NamedTensor>>> = const { RefCell::new(BTreeMap::new()) };
 }
 
 fn case(path: &str, threads: usize, len: usize) -> String {

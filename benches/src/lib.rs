@@ -287,6 +287,96 @@ fn busy_processes() -> Vec<String> {
     found.into_iter().map(|(k, n)| format!("{k}×{n}")).collect()
 }
 
+/// Single-thread f32 FMA throughput of this core right now, in GFLOP/s (2 flops per lane per
+/// FMA): 12 independent vector accumulators on the widest FMA the CPU has (AVX-512, else
+/// AVX2+FMA, else 0.0 = unknown), best of three ≈ 0.1 s runs. Benchmarks report the kernel's
+/// share of *this* figure, measured in the same run, because a nominal peak depends on the
+/// machine and on how much of the host the VM gets at the moment.
+pub fn measured_fma_peak_gflops() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let run: Option<fn(u64) -> f32> = if is_x86_feature_detected!("avx512f") {
+            // SAFETY (inside): only called after the feature check above.
+            Some(|n| unsafe { fma_loop_avx512(n) })
+        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            Some(|n| unsafe { fma_loop_avx2(n) })
+        } else {
+            None
+        };
+        let (Some(run), lanes) = (
+            run,
+            if is_x86_feature_detected!("avx512f") {
+                16.0
+            } else {
+                8.0
+            },
+        ) else {
+            return 0.0;
+        };
+        let iters = 4_000_000u64;
+        let mut best = 0.0f64;
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            std::hint::black_box(run(std::hint::black_box(iters)));
+            let s = t.elapsed().as_secs_f64();
+            best = best.max(iters as f64 * 24.0 * lanes * 2.0 / s / 1e9);
+        }
+        best
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0.0
+    }
+}
+
+/// Expands to `n` rounds of one FMA on each of the named accumulators (separate locals, so they
+/// live in registers; an array would be kept in memory), then their sum through `$reduce`.
+macro_rules! fma_rounds {
+    ($n:expr, $fma:ident, $set1:ident, $reduce:expr, [$($a:ident),*]) => {{
+        let b = $set1(0.999_999);
+        let c = $set1(1e-7);
+        let mut k = 0.0f32;
+        $( let mut $a = $set1(k); k += 1e-3; )*
+        let _ = k;
+        for _ in 0..$n {
+            $( $a = $fma($a, b, c); )*
+        }
+        0.0 $( + $reduce($a) )*
+    }};
+}
+
+/// `2n` rounds of 12 independent FMAs on zmm registers (more than the 8 needed to cover the FMA
+/// latency on two ports; with 24, LLVM spills some to the stack). Returns a value depending on
+/// every accumulator.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_loop_avx512(n: u64) -> f32 {
+    use std::arch::x86_64::*;
+    fma_rounds!(
+        2 * n,
+        _mm512_fmadd_ps,
+        _mm512_set1_ps,
+        _mm512_reduce_add_ps,
+        [a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11]
+    )
+}
+
+/// As [`fma_loop_avx512`] on ymm registers: 12 accumulators (AVX2 has 16 registers), twice per
+/// round so the flop count per round matches the 24-FMA AVX-512 loop.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_loop_avx2(n: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let first = |v: __m256| _mm256_cvtss_f32(v);
+    fma_rounds!(
+        2 * n,
+        _mm256_fmadd_ps,
+        _mm256_set1_ps,
+        first,
+        [a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11]
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -509,7 +509,7 @@ fn mask_fits(mask: &[Dim], scores: &[Dim]) -> Result<(), String> {
         let ok = m == s
             || m.is(1)
             || (s.as_known().is_some_and(|v| v > 1)
-                && m.as_known().map_or(true, |mv| mv == s.as_known().unwrap()));
+                && m.as_known().is_none_or(|mv| mv == s.as_known().unwrap()));
         if !ok {
             return Err(format!(
                 "mask {} does not broadcast to scores {} (dim {} may enlarge them)",

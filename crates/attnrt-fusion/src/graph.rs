@@ -613,7 +613,7 @@ impl<'a> GraphView<'a> {
                         // Without the input shape, a target free of 0 and -1 is still the shape.
                         target
                             .iter()
-                            .all(|d| d.as_known().map_or(true, |v| v > 0))
+                            .all(|d| d.as_known().is_none_or(|v| v > 0))
                             .then(|| target.clone())
                     });
                 let v = self.in_value(n, 0).and_then(|v| {

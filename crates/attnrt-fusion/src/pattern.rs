@@ -121,7 +121,7 @@ impl Captures {
 
     /// Whether the alternative tagged `tag` was taken.
     pub fn has_tag(&self, tag: &str) -> bool {
-        self.tags.iter().any(|t| *t == tag)
+        self.tags.contains(&tag)
     }
 
     fn bind_tensor(&mut self, name: &'static str, tensor: &str) -> Result<(), Failure> {

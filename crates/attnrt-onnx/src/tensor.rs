@@ -76,7 +76,7 @@ fn stored_count(t: &TensorProto) -> Result<Option<u64>> {
     if !t.raw_data.is_empty() {
         return match element_size(t.data_type) {
             Some(size) => {
-                if t.raw_data.len() % size != 0 {
+                if !t.raw_data.len().is_multiple_of(size) {
                     bail!(
                         "raw_data has {} bytes, not a multiple of the {size}-byte {} element",
                         t.raw_data.len(),

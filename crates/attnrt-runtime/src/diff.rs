@@ -107,7 +107,10 @@ pub fn diff_tensor(name: &str, actual: &Tensor, reference: &Tensor, tol: Toleran
         if y != 0.0 {
             d.max_rel = d.max_rel.max(err / y.abs());
         }
-        if !(err <= tol.atol + tol.rtol * y.abs()) {
+        // Negated on purpose: a NaN error (NaN on one side only) must count as a mismatch.
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
+        let outside = !(err <= tol.atol + tol.rtol * y.abs());
+        if outside {
             d.mismatches += 1;
         }
     }

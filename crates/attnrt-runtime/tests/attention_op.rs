@@ -381,8 +381,7 @@ fn softcap_additive_mask_and_f16() {
         let t = tensor(&[x.len()], x.to_vec());
         as_f32(
             &t.cast_to_dt(attnrt_runtime::DatumType::F16)
-                .unwrap()
-                .into_owned(),
+                .unwrap(),
         )
     };
     let (q16, k16, v16, m16) = (r16(&q), r16(&k), r16(&v), r16(&mask));
