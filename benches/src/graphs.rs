@@ -7,26 +7,16 @@
 
 use anyhow::{ensure, Result};
 use attnrt_onnx::attr::{make_float, make_int, make_ints};
-use attnrt_onnx::opset::min_ir_version_for_opset;
-use attnrt_onnx::proto::{tensor_shape_proto, type_proto, TensorShapeProto, TypeProto};
-use attnrt_onnx::tensor::{from_f32, from_i64};
-use attnrt_onnx::{
-    AttributeProto, DataType, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, ValueInfoProto,
-};
+use attnrt_onnx::{AttributeProto, DataType, ModelProto};
+use attnrt_testkit::{node_with_attrs, tensor_f32, tensor_i64_1d, value_info};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// The symbolic sequence dimension of every graph here, bound when a session is built.
 pub const SEQ: &str = "sequence";
 
-/// One dimension of a graph input or output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dim {
-    /// A fixed extent.
-    Fixed(i64),
-    /// A named symbolic extent (`dim_param`).
-    Sym(&'static str),
-}
+/// One dimension of a graph input or output: `Dim::Fixed(extent)` or `Dim::Sym(name)`.
+pub type Dim = attnrt_testkit::Dim<'static>;
 
 /// `n` uniform values in `[-bound, bound]` from a seeded generator.
 pub fn seeded_values(seed: u64, n: usize, bound: f32) -> Vec<f32> {
@@ -34,11 +24,10 @@ pub fn seeded_values(seed: u64, n: usize, bound: f32) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-bound..=bound)).collect()
 }
 
-/// A small builder for one ONNX graph: nodes get unique names and outputs.
+/// A small builder for one ONNX graph: nodes get unique names and outputs, weights are seeded.
 #[derive(Default)]
 pub struct GraphBuilder {
-    graph: GraphProto,
-    next: usize,
+    graph: attnrt_testkit::GraphBuilder,
     seed: u64,
 }
 
@@ -46,62 +35,29 @@ impl GraphBuilder {
     /// An empty graph whose weights will be drawn from `seed`.
     pub fn new(name: &str, seed: u64) -> Self {
         GraphBuilder {
-            graph: GraphProto {
-                name: name.into(),
-                ..Default::default()
-            },
-            next: 0,
+            graph: attnrt_testkit::GraphBuilder::new(name),
             seed,
-        }
-    }
-
-    fn value_info(name: &str, elem: DataType, dims: &[Dim]) -> ValueInfoProto {
-        let dim = dims
-            .iter()
-            .map(|d| tensor_shape_proto::Dimension {
-                value: Some(match d {
-                    Dim::Fixed(v) => tensor_shape_proto::dimension::Value::DimValue(*v),
-                    Dim::Sym(s) => tensor_shape_proto::dimension::Value::DimParam((*s).into()),
-                }),
-                ..Default::default()
-            })
-            .collect();
-        ValueInfoProto {
-            name: name.into(),
-            r#type: Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                    elem_type: elem as i32,
-                    shape: Some(TensorShapeProto { dim }),
-                })),
-                ..Default::default()
-            }),
-            ..Default::default()
         }
     }
 
     /// Declares a graph input.
     pub fn input(&mut self, name: &str, elem: DataType, dims: &[Dim]) -> String {
-        self.graph.input.push(Self::value_info(name, elem, dims));
-        name.into()
+        self.graph.input(value_info(name, elem, dims))
     }
 
     /// Declares `value` as a graph output (renaming is not needed: it is any produced tensor).
     pub fn output(&mut self, value: &str, elem: DataType, dims: &[Dim]) {
-        self.graph.output.push(Self::value_info(value, elem, dims));
+        self.graph.output(value_info(value, elem, dims));
     }
 
     /// A float initializer with the given values.
     pub fn constant_f32(&mut self, name: &str, dims: &[i64], values: &[f32]) -> String {
-        self.graph.initializer.push(from_f32(name, dims, values));
-        name.into()
+        self.graph.initializer(tensor_f32(name, dims, values))
     }
 
     /// An int64 initializer (reshape targets).
     pub fn constant_i64(&mut self, name: &str, values: &[i64]) -> String {
-        self.graph
-            .initializer
-            .push(from_i64(name, &[values.len() as i64], values));
-        name.into()
+        self.graph.initializer(tensor_i64_1d(name, values))
     }
 
     /// A seeded random weight of shape `dims`, uniform in `±bound`.
@@ -114,31 +70,18 @@ impl GraphBuilder {
 
     /// Adds a node with one output and returns the output's name.
     pub fn node(&mut self, op: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> String {
-        let name = format!("{op}_{}", self.next);
-        self.next += 1;
+        // Nodes are numbered from 0 (`MatMul_0`); the testkit's ids start at 1.
+        let name = format!("{op}_{}", self.graph.next_id() - 1);
         let out = format!("{name}_out");
-        self.graph.node.push(NodeProto {
-            name: name.clone(),
-            op_type: op.into(),
-            input: inputs.iter().map(|s| s.to_string()).collect(),
-            output: vec![out.clone()],
-            attribute: attrs,
-            ..Default::default()
-        });
-        out
+        self.graph
+            .node(node_with_attrs(&name, op, inputs, &[&out], attrs))
     }
 
     /// The model, importing the default domain at `opset`.
     pub fn finish(self, opset: i64) -> ModelProto {
         ModelProto {
-            ir_version: min_ir_version_for_opset(opset),
-            opset_import: vec![OperatorSetIdProto {
-                domain: String::new(),
-                version: opset,
-            }],
             producer_name: "attnrt-benches".into(),
-            graph: Some(self.graph),
-            ..Default::default()
+            ..self.graph.into_model(opset)
         }
     }
 }

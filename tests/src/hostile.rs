@@ -5,20 +5,21 @@
 //! into its own folder (`<dir>/<case>/model.onnx`, plus the external data, links or input
 //! files it needs) and says where attnrt must refuse it and what the one error line must say.
 //!
-//! This file depends on `attnrt_onnx` and `std` only, so that both the library-level tests
-//! (`tests/tests/hostile.rs`) and the CLI-level tests (`crates/attnrt-cli/tests/hostile.rs`)
-//! include it with `#[path]`.
+//! This file depends on `attnrt_onnx`, `attnrt_testkit` and `std` only, so that both the
+//! library-level tests (`tests/tests/hostile.rs`) and the CLI-level tests
+//! (`crates/attnrt-cli/tests/hostile.rs`) include it with `#[path]`.
 
 #![allow(dead_code)] // each includer uses part of it
 
 use std::path::{Path, PathBuf};
 
 use attnrt_onnx::proto::{
-    attribute_proto::AttributeType, tensor_proto::DataLocation, tensor_shape_proto, type_proto,
-    AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-    StringStringEntryProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    attribute_proto::AttributeType, tensor_proto::DataLocation, type_proto, AttributeProto,
+    FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
+    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
 use attnrt_onnx::Message;
+use attnrt_testkit::{float_value, node, npy_bytes, tensor_f32, tensor_i64};
 
 /// Where attnrt must refuse a case: the first step of `load → validate → allocation check
 /// → inputs` that fails. Every earlier step must succeed.
@@ -68,71 +69,11 @@ impl HostileCase {
 // ---------------------------------------------------------------------------------------------
 // Small builders.
 
-/// A float tensor type with the given dims (`None` = a symbolic dim named `d<i>`).
-pub fn float_type(dims: &[Option<i64>]) -> TypeProto {
-    let dim = dims
-        .iter()
-        .enumerate()
-        .map(|(i, d)| tensor_shape_proto::Dimension {
-            value: Some(match d {
-                Some(v) => tensor_shape_proto::dimension::Value::DimValue(*v),
-                None => tensor_shape_proto::dimension::Value::DimParam(format!("d{i}")),
-            }),
-            ..Default::default()
-        })
-        .collect();
-    TypeProto {
-        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-            elem_type: 1,
-            shape: Some(TensorShapeProto { dim }),
-        })),
-        ..Default::default()
-    }
-}
-
-/// A graph input or output of float type with fixed dims.
-pub fn value(name: &str, dims: &[i64]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(float_type(
-            &dims.iter().map(|&d| Some(d)).collect::<Vec<_>>(),
-        )),
-        ..Default::default()
-    }
-}
-
-/// A default-domain node named `name`.
-pub fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
-    NodeProto {
-        name: name.into(),
-        op_type: op.into(),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-/// A float tensor with `raw_data`.
-pub fn float_tensor(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
-    attnrt_onnx::tensor::from_f32(name, dims, values)
-}
-
-/// An int64 tensor with `raw_data`.
-pub fn int_tensor(name: &str, dims: &[i64], values: &[i64]) -> TensorProto {
-    attnrt_onnx::tensor::from_i64(name, dims, values)
-}
-
 /// A model (IR 8, opset 17) around `graph`.
 pub fn model(graph: GraphProto) -> ModelProto {
     ModelProto {
-        ir_version: 8,
         producer_name: "attnrt-hostile".into(),
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(graph),
-        ..Default::default()
+        ..attnrt_testkit::model(graph, 17)
     }
 }
 
@@ -144,9 +85,9 @@ pub fn baseline() -> ModelProto {
             node("add", "Add", &["x", "w"], &["s"]),
             node("relu", "Relu", &["s"], &["y"]),
         ],
-        initializer: vec![float_tensor("w", &[4], &[0.5, -0.5, 1.0, -1.0])],
-        input: vec![value("x", &[2, 4])],
-        output: vec![value("y", &[2, 4])],
+        initializer: vec![tensor_f32("w", &[4], &[0.5, -0.5, 1.0, -1.0])],
+        input: vec![float_value("x", &[2, 4])],
+        output: vec![float_value("y", &[2, 4])],
         ..Default::default()
     })
 }
@@ -167,19 +108,13 @@ pub fn chain_model(n: usize) -> ModelProto {
             format!("t{i}")
         };
         let op = if i % 1000 == 999 { "Softmax" } else { "Relu" };
-        nodes.push(NodeProto {
-            name: format!("n{i}"),
-            op_type: op.into(),
-            input: vec![input],
-            output: vec![output],
-            ..Default::default()
-        });
+        nodes.push(node(&format!("n{i}"), op, &[&input], &[&output]));
     }
     model(GraphProto {
         name: "chain".into(),
         node: nodes,
-        input: vec![value("x", &[2, 4])],
-        output: vec![value("y", &[2, 4])],
+        input: vec![float_value("x", &[2, 4])],
+        output: vec![float_value("y", &[2, 4])],
         ..Default::default()
     })
 }
@@ -207,7 +142,7 @@ pub fn nested_subgraphs_bytes(depth: usize) -> Vec<u8> {
     let mut graph = GraphProto {
         name: "level0".into(),
         node: vec![node("leaf", "Identity", &["x"], &["y0"])],
-        output: vec![value("y0", &[2, 4])],
+        output: vec![float_value("y0", &[2, 4])],
         ..Default::default()
     }
     .encode_to_vec();
@@ -235,7 +170,7 @@ pub fn nested_subgraphs_bytes(depth: usize) -> Vec<u8> {
         push_len_field(&mut n, 5, &attribute); // NodeProto.attribute = 5
         let mut g = GraphProto {
             name: format!("level{level}"),
-            output: vec![value(&out, &[2, 4])],
+            output: vec![float_value(&out, &[2, 4])],
             ..Default::default()
         }
         .encode_to_vec();
@@ -245,7 +180,7 @@ pub fn nested_subgraphs_bytes(depth: usize) -> Vec<u8> {
     // The main graph's inputs, read by the bodies from the enclosing scope.
     let inputs = GraphProto {
         input: vec![
-            value("x", &[2, 4]),
+            float_value("x", &[2, 4]),
             ValueInfoProto {
                 name: "cond".into(),
                 r#type: Some(TypeProto {
@@ -323,35 +258,8 @@ pub fn exploding_functions(levels: usize) -> ModelProto {
         output: vec!["z".into()],
         ..Default::default()
     });
-    g.output = vec![value("z", &[2, 4])];
+    g.output = vec![float_value("z", &[2, 4])];
     m
-}
-
-/// A `.npy` file (format 1.0) with dtype `descr` (`<f4`, `<i8`, ...), `shape` and `data`.
-pub fn npy_bytes(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
-    let shape_txt = match shape {
-        [d] => format!("({d},)"),
-        _ => format!(
-            "({})",
-            shape
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    };
-    let mut header =
-        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_txt}, }}");
-    // The header is padded with spaces and a newline so that the data starts 64-aligned.
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    out
 }
 
 /// CRC-32 (IEEE), as zip needs it.
@@ -541,8 +449,8 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     let big = {
         let mut m = baseline();
         m.graph.as_mut().unwrap().initializer = vec![
-            float_tensor("w", &[4], &[0.5, -0.5, 1.0, -1.0]),
-            float_tensor("pad", &[256], &[0.25; 256]),
+            tensor_f32("w", &[4], &[0.5, -0.5, 1.0, -1.0]),
+            tensor_f32("pad", &[256], &[0.25; 256]),
         ];
         m.graph.as_mut().unwrap().node[0].input[1] = "w".into();
         m.encode_to_vec()
@@ -659,7 +567,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         .as_mut()
         .unwrap()
         .output
-        .push(value("nowhere", &[1]));
+        .push(float_value("nowhere", &[1]));
     b.add(
         "missing_graph_output",
         "a graph output nothing produces",
@@ -701,7 +609,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         "initializer w of dims [4, 4] holding 12 floats",
         &with_initializer(TensorProto {
             raw_data: f32_bytes((0..12).map(|i| i as f32)),
-            ..float_tensor("w", &[4, 4], &[])
+            ..tensor_f32("w", &[4, 4], &[])
         }),
         Stage::Load,
         &["initializer 'w'", "12 float values", "need 16"],
@@ -711,7 +619,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         "initializer w with 15 bytes of raw_data (not a whole number of floats)",
         &with_initializer(TensorProto {
             raw_data: vec![0; 15],
-            ..float_tensor("w", &[4], &[])
+            ..tensor_f32("w", &[4], &[])
         }),
         Stage::Load,
         &["initializer 'w'", "15 bytes"],
@@ -721,7 +629,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         "initializer w declaring [1000000, 1000000] floats (4 TB) with 16 bytes of data",
         &with_initializer(TensorProto {
             raw_data: vec![0; 16],
-            ..float_tensor("w", &[1_000_000, 1_000_000], &[])
+            ..tensor_f32("w", &[1_000_000, 1_000_000], &[])
         }),
         Stage::Load,
         &["initializer 'w'", "more than the limit"],
@@ -729,7 +637,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     b.add(
         "dims_overflow_i64",
         "initializer w with dims [2^62, 2^62, 16] whose product overflows 64 bits",
-        &with_initializer(float_tensor("w", &[1 << 62, 1 << 62, 16], &[])),
+        &with_initializer(tensor_f32("w", &[1 << 62, 1 << 62, 16], &[])),
         Stage::Load,
         &["initializer 'w'", "more than the limit"],
     );
@@ -738,7 +646,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         "initializer w with dims [-1, 4]",
         &with_initializer(TensorProto {
             raw_data: vec![0; 16],
-            ..float_tensor("w", &[-1, 4], &[])
+            ..tensor_f32("w", &[-1, 4], &[])
         }),
         Stage::Load,
         &["initializer 'w'", "negative dimension -1"],
@@ -751,7 +659,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
                 "value",
                 TensorProto {
                     raw_data: vec![0; 8],
-                    ..float_tensor("c", &[1_000_000, 1_000_000], &[])
+                    ..tensor_f32("c", &[1_000_000, 1_000_000], &[])
                 },
             )],
             ..node("huge_const", "Constant", &[], &["c"])
@@ -932,7 +840,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     {
         let g = m.graph.as_mut().unwrap();
         g.initializer
-            .push(int_tensor("big_shape", &[2], &[1_000_000, 1_000_000]));
+            .push(tensor_i64("big_shape", &[2], &[1_000_000, 1_000_000]));
         g.node
             .push(node("fill", "ConstantOfShape", &["big_shape"], &["filled"]));
         g.output.push(ValueInfoProto {
@@ -977,7 +885,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         &["grow", "Expand", "'expanded'", "8000000000000 elements"],
     );
     let mut m = ok.clone();
-    m.graph.as_mut().unwrap().input[0] = value("x", &[1_000_000, 1_000_000]);
+    m.graph.as_mut().unwrap().input[0] = float_value("x", &[1_000_000, 1_000_000]);
     b.add(
         "input_declared_10e12",
         "graph input x declared as [10^6, 10^6] floats",

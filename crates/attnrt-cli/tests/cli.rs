@@ -5,12 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use attnrt_onnx::proto::{
-    tensor_shape_proto::{dimension, Dimension},
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
-    ValueInfoProto,
-};
-use attnrt_onnx::{tensor::from_f32, DataType};
+use attnrt_onnx::{DataType, ModelProto};
+use attnrt_testkit::{model, node, npy_bytes, tensor_f32, value_info, GraphBuilder};
 use prost::Message;
 
 fn attnrt(args: &[&str]) -> Output {
@@ -46,89 +42,23 @@ fn models_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
 }
 
-fn value_info(name: &str, elem: DataType, dims: &[&str]) -> ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|d| Dimension {
-            value: Some(match d.parse::<i64>() {
-                Ok(v) => dimension::Value::DimValue(v),
-                Err(_) => dimension::Value::DimParam(d.to_string()),
-            }),
-            ..Default::default()
-        })
-        .collect();
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: elem as i32,
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 /// `y = x · W` with x `[batch, sequence, 4]`, W a 4×3 initializer: a tiny valid model.
 fn tiny_model() -> ModelProto {
     let w: Vec<f32> = (0..12).map(|i| i as f32 * 0.25 - 1.0).collect();
-    ModelProto {
-        ir_version: 8,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(GraphProto {
-            name: "tiny".into(),
-            node: vec![NodeProto {
-                op_type: "MatMul".into(),
-                name: "mm".into(),
-                input: vec!["x".into(), "w".into()],
-                output: vec!["y".into()],
-                ..Default::default()
-            }],
-            initializer: vec![from_f32("w", &[4, 3], &w)],
-            input: vec![value_info(
-                "x",
-                DataType::Float,
-                &["batch", "sequence", "4"],
-            )],
-            output: vec![value_info(
-                "y",
-                DataType::Float,
-                &["batch", "sequence", "3"],
-            )],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-/// A `.npy` file (format 1.0) with the given descriptor, shape and raw little-endian data.
-fn npy(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
-    let shape_text = match shape.len() {
-        1 => format!("({},)", shape[0]),
-        _ => format!(
-            "({})",
-            shape
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    };
-    let mut header =
-        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    out
+    let mut g = GraphBuilder::new("tiny");
+    g.node(node("mm", "MatMul", &["x", "w"], &["y"]));
+    g.initializer(tensor_f32("w", &[4, 3], &w));
+    g.input(value_info(
+        "x",
+        DataType::Float,
+        &["batch", "sequence", "4"],
+    ));
+    g.output(value_info(
+        "y",
+        DataType::Float,
+        &["batch", "sequence", "3"],
+    ));
+    model(g.finish(), 17)
 }
 
 fn f32_bytes(n: usize) -> Vec<u8> {
@@ -194,18 +124,27 @@ fn non_onnx_file() {
     assert!(!f.path("fused.onnx").exists());
 }
 
+/// Writes `npy` to `x.npy` and runs `attnrt run tiny.onnx --input <name>=x.npy`, with
+/// `--output out.npz` when `output` is set.
+fn run_tiny_with_npy(f: &Fixture, name: &str, npy: &[u8], output: bool) -> Output {
+    std::fs::write(f.path("x.npy"), npy).unwrap();
+    let (model, input, out) = (
+        f.s("tiny.onnx"),
+        format!("{name}={}", f.s("x.npy")),
+        f.s("out.npz"),
+    );
+    let mut args = vec!["run", model.as_str(), "--input", input.as_str()];
+    if output {
+        args.extend(["--output", out.as_str()]);
+    }
+    attnrt(&args)
+}
+
 #[test]
 fn unknown_input_name() {
     let f = Fixture::new();
-    std::fs::write(f.path("x.npy"), npy("<f4", &[1, 2, 4], &f32_bytes(8))).unwrap();
-    let o = attnrt(&[
-        "run",
-        &f.s("tiny.onnx"),
-        "--input",
-        &format!("bogus={}", f.s("x.npy")),
-        "--output",
-        &f.s("out.npz"),
-    ]);
+    let npy = npy_bytes("<f4", &[1, 2, 4], &f32_bytes(8));
+    let o = run_tiny_with_npy(&f, "bogus", &npy, true);
     assert_clean_error(&o, 1, &["bogus", "x.npy"]);
     assert!(!f.path("out.npz").exists());
 }
@@ -213,15 +152,8 @@ fn unknown_input_name() {
 #[test]
 fn wrong_shape_npy() {
     let f = Fixture::new();
-    std::fs::write(f.path("x.npy"), npy("<f4", &[1, 2, 5], &f32_bytes(10))).unwrap();
-    let o = attnrt(&[
-        "run",
-        &f.s("tiny.onnx"),
-        "--input",
-        &format!("x={}", f.s("x.npy")),
-        "--output",
-        &f.s("out.npz"),
-    ]);
+    let npy = npy_bytes("<f4", &[1, 2, 5], &f32_bytes(10));
+    let o = run_tiny_with_npy(&f, "x", &npy, true);
     assert_clean_error(&o, 1, &["x.npy", "'x'", "[1, 2, 5]"]);
     assert!(!f.path("out.npz").exists());
 }
@@ -230,27 +162,15 @@ fn wrong_shape_npy() {
 fn wrong_dtype_npy() {
     let f = Fixture::new();
     let data: Vec<u8> = (0..8i64).flat_map(|v| v.to_le_bytes()).collect();
-    std::fs::write(f.path("x.npy"), npy("<i8", &[1, 2, 4], &data)).unwrap();
-    let o = attnrt(&[
-        "run",
-        &f.s("tiny.onnx"),
-        "--input",
-        &format!("x={}", f.s("x.npy")),
-    ]);
+    let o = run_tiny_with_npy(&f, "x", &npy_bytes("<i8", &[1, 2, 4], &data), false);
     assert_clean_error(&o, 1, &["x.npy", "int64", "float32"]);
 }
 
 #[test]
 fn truncated_npy() {
     let f = Fixture::new();
-    let full = npy("<f4", &[1, 2, 4], &f32_bytes(8));
-    std::fs::write(f.path("x.npy"), &full[..full.len() - 5]).unwrap();
-    let o = attnrt(&[
-        "run",
-        &f.s("tiny.onnx"),
-        "--input",
-        &format!("x={}", f.s("x.npy")),
-    ]);
+    let full = npy_bytes("<f4", &[1, 2, 4], &f32_bytes(8));
+    let o = run_tiny_with_npy(&f, "x", &full[..full.len() - 5], false);
     assert_clean_error(&o, 1, &["x.npy"]);
 }
 

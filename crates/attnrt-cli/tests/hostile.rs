@@ -225,10 +225,12 @@ fn limit_flags_raise_the_limits() {
     ] {
         let case = cases.iter().find(|c| c.name == name).unwrap();
         let out = case.model.parent().unwrap().join("fused.onnx");
-        let args = ["fuse".to_string(),
+        let args = [
+            "fuse".to_string(),
             case.model.display().to_string(),
             "-o".into(),
-            out.display().to_string()];
+            out.display().to_string(),
+        ];
         let lowered: Vec<String> = args.iter().cloned().chain(limit_args(case)).collect();
         assert!(
             !attnrt(&lowered).status.success(),

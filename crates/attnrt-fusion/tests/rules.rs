@@ -3,68 +3,34 @@
 //! inputs and attributes, or must not fuse, with the asserted reason.
 
 use attnrt_fusion::{fuse, structure_text, Fused, FusionOptions};
-use attnrt_onnx::proto::tensor_shape_proto::{dimension, Dimension};
-use attnrt_onnx::proto::{type_proto, TensorShapeProto, TypeProto};
-use attnrt_onnx::{
-    attr, tensor, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-    ValueInfoProto,
+use attnrt_onnx::{attr, AttributeProto, DataType, ModelProto, NodeProto, TensorProto};
+use attnrt_testkit::{
+    model, node_with_attrs, tensor_f32, tensor_i64, tensor_i64_1d, value_info, GraphBuilder,
 };
 use prost::Message;
 
 /// A tiny graph builder: inputs with symbolic or static dims, initializers, nodes with
-/// generated output names.
+/// generated names from one counter (`c<n>` constants, `<op>_<n>` nodes, `t<n>` their
+/// outputs), which the asserted reasons and node names depend on.
 #[derive(Default)]
 struct Builder {
-    g: GraphProto,
-    count: usize,
-}
-
-fn vi(name: &str, dims: &[&str]) -> ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|d| Dimension {
-            value: Some(match d.parse::<i64>() {
-                Ok(v) => dimension::Value::DimValue(v),
-                Err(_) => dimension::Value::DimParam(d.to_string()),
-            }),
-            ..Default::default()
-        })
-        .collect();
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: attnrt_onnx::DataType::Float as i32,
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    g: GraphBuilder,
 }
 
 impl Builder {
     fn input(&mut self, name: &str, dims: &[&str]) -> String {
-        self.g.input.push(vi(name, dims));
-        name.to_string()
+        self.g.input(value_info(name, DataType::Float, dims))
     }
     fn bool_input(&mut self, name: &str, dims: &[&str]) -> String {
-        let mut v = vi(name, dims);
-        if let Some(type_proto::Value::TensorType(t)) =
-            v.r#type.as_mut().and_then(|t| t.value.as_mut())
-        {
-            t.elem_type = attnrt_onnx::DataType::Bool as i32;
-        }
-        self.g.input.push(v);
-        name.to_string()
+        self.g.input(value_info(name, DataType::Bool, dims))
+    }
+    /// An initializer named `c<n>`, made by `make` from that name.
+    fn constant(&mut self, make: impl FnOnce(&str) -> TensorProto) -> String {
+        let name = format!("c{}", self.g.next_id());
+        self.g.initializer(make(&name))
     }
     fn f32(&mut self, dims: &[i64], values: &[f32]) -> String {
-        self.count += 1;
-        let name = format!("c{}", self.count);
-        self.g
-            .initializer
-            .push(tensor::from_f32(&name, dims, values));
-        name
+        self.constant(|name| tensor_f32(name, dims, values))
     }
     fn weight(&mut self, rows: i64, cols: i64) -> String {
         let vals: Vec<f32> = (0..rows * cols)
@@ -73,33 +39,21 @@ impl Builder {
         self.f32(&[rows, cols], &vals)
     }
     fn i64s(&mut self, values: &[i64]) -> String {
-        self.count += 1;
-        let name = format!("c{}", self.count);
-        self.g
-            .initializer
-            .push(tensor::from_i64(&name, &[values.len() as i64], values));
-        name
+        self.constant(|name| tensor_i64_1d(name, values))
     }
     fn i64_scalar(&mut self, value: i64) -> String {
-        self.count += 1;
-        let name = format!("c{}", self.count);
-        self.g
-            .initializer
-            .push(tensor::from_i64(&name, &[], &[value]));
-        name
+        self.constant(|name| tensor_i64(name, &[], &[value]))
     }
     fn op(&mut self, op: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> String {
-        self.count += 1;
-        let out = format!("t{}", self.count);
-        self.g.node.push(NodeProto {
-            name: format!("{op}_{}", self.count),
-            op_type: op.into(),
-            input: inputs.iter().map(|s| s.to_string()).collect(),
-            output: vec![out.clone()],
-            attribute: attrs,
-            ..Default::default()
-        });
-        out
+        let id = self.g.next_id();
+        let out = format!("t{id}");
+        self.g.node(node_with_attrs(
+            &format!("{op}_{id}"),
+            op,
+            inputs,
+            &[&out],
+            attrs,
+        ))
     }
     fn transpose(&mut self, x: &str, perm: &[i64]) -> String {
         self.op("Transpose", &[x], vec![attr::make_ints("perm", perm)])
@@ -109,17 +63,27 @@ impl Builder {
         self.op("Reshape", &[x, &t], vec![])
     }
     fn output(&mut self, name: &str, dims: &[&str]) {
-        self.g.output.push(vi(name, dims));
+        self.g.output(value_info(name, DataType::Float, dims));
+    }
+    /// 4-D inputs `q: q_dims`, `k`, `v: kv_dims` and `MatMul(q, Transpose[0,1,3,2](k))`;
+    /// returns the scores and `v`.
+    fn qk_scores_4d(&mut self, q_dims: &[&str], kv_dims: &[&str]) -> (String, String) {
+        let q = self.input("q", q_dims);
+        let k = self.input("k", kv_dims);
+        let v = self.input("v", kv_dims);
+        let kt = self.transpose(&k, &[0, 1, 3, 2]);
+        (self.op("MatMul", &[&q, &kt], vec![]), v)
+    }
+    /// `Softmax(scores, axis) → MatMul(·, v)` as the graph output with `dims`.
+    fn softmax_context(&mut self, scores: &str, axis: i64, v: &str, dims: &[&str]) {
+        let p = self.op("Softmax", &[scores], vec![attr::make_int("axis", axis)]);
+        let o = self.op("MatMul", &[&p, v], vec![]);
+        self.output(&o, dims);
     }
     fn model(self, opset: i64) -> ModelProto {
         ModelProto {
             ir_version: 8,
-            opset_import: vec![OperatorSetIdProto {
-                domain: String::new(),
-                version: opset,
-            }],
-            graph: Some(self.g),
-            ..Default::default()
+            ..model(self.g.finish(), opset)
         }
     }
 }
@@ -396,6 +360,17 @@ fn mask_tensor(f: &Fused, n: &NodeProto) -> String {
     }
 }
 
+/// Whether any node of the fused model is an `op`.
+fn has_op(f: &Fused, op: &str) -> bool {
+    f.model
+        .graph
+        .as_ref()
+        .unwrap()
+        .node
+        .iter()
+        .any(|n| n.op_type == op)
+}
+
 fn fused_one(cfg: &Cfg) -> (Fused, NodeProto) {
     let f = run(cfg);
     assert_eq!(f.report.blocks.len(), 1, "{:?}", f.report.explain_lines());
@@ -417,6 +392,12 @@ fn not_fused(cfg: &Cfg) -> String {
     );
     let nm = &f.report.near_misses[0];
     format!("{}: {}", nm.node, nm.reason)
+}
+
+/// The block must not fuse, and its one near miss must say `reason`.
+fn assert_not_fused_because(cfg: &Cfg, reason: &str) {
+    let r = not_fused(cfg);
+    assert!(r.contains(reason), "{r}");
 }
 
 #[test]
@@ -472,14 +453,7 @@ fn split_scale_on_q_and_kt() {
         ..Default::default()
     });
     assert_eq!(scale_attr(&n), Some(0.25));
-    assert!(!f
-        .model
-        .graph
-        .as_ref()
-        .unwrap()
-        .node
-        .iter()
-        .any(|n| n.op_type == "Mul"));
+    assert!(!has_op(&f, "Mul"));
 }
 
 #[test]
@@ -489,14 +463,7 @@ fn k_transposed_twice() {
         ..Default::default()
     });
     assert_eq!(int_attr(&n, "q_num_heads"), Some(4));
-    assert!(!f
-        .model
-        .graph
-        .as_ref()
-        .unwrap()
-        .node
-        .iter()
-        .any(|n| n.op_type == "Transpose"));
+    assert!(!has_op(&f, "Transpose"));
 }
 
 #[test]
@@ -551,14 +518,7 @@ fn gqa_uses_kv_before_the_repeat() {
         structure_text(&f.model)
     );
     assert_eq!(int_attr(&n, "q_num_heads"), Some(4));
-    assert!(!f
-        .model
-        .graph
-        .as_ref()
-        .unwrap()
-        .node
-        .iter()
-        .any(|n| n.op_type == "Expand"));
+    assert!(!has_op(&f, "Expand"));
 }
 
 #[test]
@@ -579,14 +539,8 @@ fn cross_attention() {
 #[test]
 fn four_d_inputs_without_head_split() {
     let mut b = Builder::default();
-    let q = b.input("q", &["B", "4", "L", "16"]);
-    let k = b.input("k", &["B", "4", "S", "16"]);
-    let v = b.input("v", &["B", "4", "S", "16"]);
-    let kt = b.transpose(&k, &[0, 1, 3, 2]);
-    let s = b.op("MatMul", &[&q, &kt], vec![]);
-    let p = b.op("Softmax", &[&s], vec![attr::make_int("axis", 3)]);
-    let o = b.op("MatMul", &[&p, &v], vec![]);
-    b.output(&o, &["B", "4", "L", "16"]);
+    let (s, v) = b.qk_scores_4d(&["B", "4", "L", "16"], &["B", "4", "S", "16"]);
+    b.softmax_context(&s, 3, &v, &["B", "4", "L", "16"]);
     let f = fuse(&b.model(17), &FusionOptions::default()).unwrap();
     let n = attention(&f);
     assert_eq!(
@@ -616,35 +570,35 @@ fn wrong_merge_perm_keeps_4d() {
 
 #[test]
 fn near_miss_softmax_on_another_axis() {
-    let r = not_fused(&Cfg {
-        softmax_axis: 2,
-        ..Default::default()
-    });
-    assert!(r.contains("softmax over axis 2"), "{r}");
+    assert_not_fused_because(
+        &Cfg {
+            softmax_axis: 2,
+            ..Default::default()
+        },
+        "softmax over axis 2",
+    );
 }
 
 #[test]
 fn near_miss_scale_not_constant() {
-    let r = not_fused(&Cfg {
-        scale: Scale::Input,
-        ..Default::default()
-    });
-    assert!(
-        r.contains("not a single number known before run time"),
-        "{r}"
+    assert_not_fused_because(
+        &Cfg {
+            scale: Scale::Input,
+            ..Default::default()
+        },
+        "not a single number known before run time",
     );
 }
 
 #[test]
 fn near_miss_intermediate_used_elsewhere() {
     // The unscaled QK product (the Div comes after it) is none of the op's output stages.
-    let r = not_fused(&Cfg {
-        scores_used_elsewhere: true,
-        ..Default::default()
-    });
-    assert!(
-        r.contains("is also used outside the block and is not one qk_matmul_output stage"),
-        "{r}"
+    assert_not_fused_because(
+        &Cfg {
+            scores_used_elsewhere: true,
+            ..Default::default()
+        },
+        "is also used outside the block and is not one qk_matmul_output stage",
     );
 }
 
@@ -667,21 +621,25 @@ fn probs_as_graph_output_become_qk_matmul_output_mode_3() {
 #[test]
 fn near_miss_two_taps_on_the_scores() {
     // The probabilities and the raw product both leave the block: one output stage only.
-    let r = not_fused(&Cfg {
-        probs_is_output: true,
-        scores_used_elsewhere: true,
-        ..Default::default()
-    });
-    assert!(r.contains("not one qk_matmul_output stage"), "{r}");
+    assert_not_fused_because(
+        &Cfg {
+            probs_is_output: true,
+            scores_used_elsewhere: true,
+            ..Default::default()
+        },
+        "not one qk_matmul_output stage",
+    );
 }
 
 #[test]
 fn near_miss_mask_not_broadcastable() {
-    let r = not_fused(&Cfg {
-        mask: Mask::Add(vec!["B", "1", "L", "T"]),
-        ..Default::default()
-    });
-    assert!(r.contains("does not broadcast"), "{r}");
+    assert_not_fused_because(
+        &Cfg {
+            mask: Mask::Add(vec!["B", "1", "L", "T"]),
+            ..Default::default()
+        },
+        "does not broadcast",
+    );
 }
 
 #[test]
@@ -691,9 +649,7 @@ fn near_miss_heads_mismatch() {
     let kt = b.input("kt", &["B", "3", "16", "L"]);
     let v = b.input("v", &["B", "3", "L", "16"]);
     let s = b.op("MatMul", &[&q, &kt], vec![]);
-    let p = b.op("Softmax", &[&s], vec![attr::make_int("axis", -1)]);
-    let o = b.op("MatMul", &[&p, &v], vec![]);
-    b.output(&o, &["B", "4", "L", "16"]);
+    b.softmax_context(&s, -1, &v, &["B", "4", "L", "16"]);
     let f = fuse(&b.model(17), &FusionOptions::default()).unwrap();
     assert!(f.report.blocks.is_empty());
     assert!(
@@ -797,11 +753,7 @@ fn near_miss_triangle_off_by_one_is_not_causal() {
 /// 4-D attention with static L = 5 masked by `Slice(tril 8×8, start:start+5)` on both axes.
 fn static_tril_block(start: i64) -> ModelProto {
     let mut b = Builder::default();
-    let q = b.input("q", &["1", "4", "5", "16"]);
-    let k = b.input("k", &["1", "4", "5", "16"]);
-    let v = b.input("v", &["1", "4", "5", "16"]);
-    let kt = b.transpose(&k, &[0, 1, 3, 2]);
-    let s = b.op("MatMul", &[&q, &kt], vec![]);
+    let (s, v) = b.qk_scores_4d(&["1", "4", "5", "16"], &["1", "4", "5", "16"]);
     let n = 8i64;
     let vals: Vec<f32> = (0..n * n)
         .map(|k| if k % n <= k / n { 1.0 } else { 0.0 })
@@ -817,9 +769,7 @@ fn static_tril_block(start: i64) -> ModelProto {
     let cond = b.op("Equal", &[&tri, &zero], vec![]);
     let fill = b.f32(&[], &[f32::NEG_INFINITY]);
     let s = b.op("Where", &[&cond, &fill, &s], vec![]);
-    let p = b.op("Softmax", &[&s], vec![attr::make_int("axis", -1)]);
-    let o = b.op("MatMul", &[&p, &v], vec![]);
-    b.output(&o, &["1", "4", "5", "16"]);
+    b.softmax_context(&s, -1, &v, &["1", "4", "5", "16"]);
     b.model(17)
 }
 
@@ -893,7 +843,7 @@ fn causal_from_positions_with_padding_keeps_the_padding_mask() {
 #[test]
 fn same_type_cast_on_the_scores_is_accepted() {
     let (f, _) = fused_one(&Cfg {
-        scores_cast: Some(attnrt_onnx::DataType::Float as i64),
+        scores_cast: Some(DataType::Float as i64),
         ..Default::default()
     });
     assert!(
@@ -901,25 +851,17 @@ fn same_type_cast_on_the_scores_is_accepted() {
         "{}",
         f.report.blocks[0].rule
     );
-    assert!(!f
-        .model
-        .graph
-        .as_ref()
-        .unwrap()
-        .node
-        .iter()
-        .any(|n| n.op_type == "Cast"));
+    assert!(!has_op(&f, "Cast"));
 }
 
 #[test]
 fn near_miss_type_changing_cast_on_the_scores() {
-    let r = not_fused(&Cfg {
-        scores_cast: Some(attnrt_onnx::DataType::Float16 as i64),
-        ..Default::default()
-    });
-    assert!(
-        r.contains("not provably the identity (casts FLOAT to FLOAT16)"),
-        "{r}"
+    assert_not_fused_because(
+        &Cfg {
+            scores_cast: Some(DataType::Float16 as i64),
+            ..Default::default()
+        },
+        "not provably the identity (casts FLOAT to FLOAT16)",
     );
 }
 
@@ -933,25 +875,20 @@ fn softcap_before_the_mask_becomes_the_attribute() {
     assert_eq!(attr::float(&n, "softcap").unwrap(), Some(30.0));
     assert_eq!(scale_attr(&n), Some(0.25));
     assert_eq!(f.report.blocks[0].softcap, Some(30.0));
-    assert!(!f
-        .model
-        .graph
-        .as_ref()
-        .unwrap()
-        .node
-        .iter()
-        .any(|n| n.op_type == "Tanh"));
+    assert!(!has_op(&f, "Tanh"));
 }
 
 #[test]
 fn near_miss_softcap_after_the_mask() {
     // ONNX Attention caps before masking (a capped -inf would leak weight): not expressible.
-    let r = not_fused(&Cfg {
-        softcap: Some((30.0, false)),
-        mask: Mask::Add(vec!["B", "1", "1", "L"]),
-        ..Default::default()
-    });
-    assert!(r.contains("a mask applied before the softcap"), "{r}");
+    assert_not_fused_because(
+        &Cfg {
+            softcap: Some((30.0, false)),
+            mask: Mask::Add(vec!["B", "1", "1", "L"]),
+            ..Default::default()
+        },
+        "a mask applied before the softcap",
+    );
 }
 
 #[test]
@@ -959,26 +896,19 @@ fn all_zero_additive_mask_is_dropped() {
     // transformers' bidirectional mask with nothing to mask: Where(kv >= 0, 0, finfo.min)
     // over constants only, as ViT exports it, folds to zeros.
     let mut b = Builder::default();
-    let q = b.input("q", &["B", "4", "5", "16"]);
-    let k = b.input("k", &["B", "4", "5", "16"]);
-    let v = b.input("v", &["B", "4", "5", "16"]);
-    let kt = b.transpose(&k, &[0, 1, 3, 2]);
-    let s = b.op("MatMul", &[&q, &kt], vec![]);
-    b.count += 1;
-    let ones = format!("c{}", b.count);
-    b.g.initializer.push(attnrt_onnx::TensorProto {
-        name: ones.clone(),
+    let (s, v) = b.qk_scores_4d(&["B", "4", "5", "16"], &["B", "4", "5", "16"]);
+    // int32_data rather than raw_data: bools as some exporters store them.
+    let ones = b.constant(|name| TensorProto {
+        name: name.into(),
         dims: vec![1, 1, 5, 1],
-        data_type: attnrt_onnx::DataType::Bool as i32,
+        data_type: DataType::Bool as i32,
         int32_data: vec![1; 5],
         ..Default::default()
     });
     let (z, fmin) = (b.f32(&[], &[0.0]), b.f32(&[], &[f32::MIN]));
     let term = b.op("Where", &[&ones, &z, &fmin], vec![]);
     let s = b.op("Add", &[&s, &term], vec![]);
-    let p = b.op("Softmax", &[&s], vec![attr::make_int("axis", -1)]);
-    let o = b.op("MatMul", &[&p, &v], vec![]);
-    b.output(&o, &["B", "4", "5", "16"]);
+    b.softmax_context(&s, -1, &v, &["B", "4", "5", "16"]);
     let f = fuse(&b.model(17), &FusionOptions::default()).unwrap();
     let n = attention(&f);
     assert_eq!(n.input.len(), 3, "{}", structure_text(&f.model));

@@ -893,47 +893,34 @@ pub fn summarize(t: &Tensor) -> Option<TensorSummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn npy_bytes(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
-        let mut header =
-            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-        while (10 + header.len() + 1) % 64 != 0 {
-            header.push(' ');
-        }
-        header.push('\n');
-        let mut out = b"\x93NUMPY\x01\x00".to_vec();
-        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        out.extend_from_slice(header.as_bytes());
-        out.extend_from_slice(data);
-        out
-    }
+    use attnrt_testkit::npy_bytes;
 
     #[test]
     fn npy_header_is_parsed() {
-        let b = npy_bytes("<f4", "(2, 3)", &[0u8; 24]);
+        let b = npy_bytes("<f4", &[2, 3], &[0u8; 24]);
         let h = parse_npy_header(&b).unwrap();
         assert_eq!(h.descr, "<f4");
         assert_eq!(h.shape, vec![2, 3]);
         let t = decode_npy(&b, DatumType::F32, 1000).unwrap();
         assert_eq!(t.shape(), &[2, 3]);
-        let scalar = npy_bytes("<i8", "()", &7i64.to_le_bytes());
+        let scalar = npy_bytes("<i8", &[], &7i64.to_le_bytes());
         let t = decode_npy(&scalar, DatumType::I64, 1000).unwrap();
         assert_eq!(t.shape(), &[] as &[usize]);
     }
 
     #[test]
     fn npy_wrong_dtype_truncation_and_huge_shapes_are_refused() {
-        let b = npy_bytes("<i8", "(2, 3)", &[0u8; 48]);
+        let b = npy_bytes("<i8", &[2, 3], &[0u8; 48]);
         let e = decode_npy(&b, DatumType::F32, 1000)
             .unwrap_err()
             .to_string();
         assert!(e.contains("int64") && e.contains("float32"), "{e}");
-        let b = npy_bytes("<f4", "(2, 3)", &[0u8; 20]);
+        let b = npy_bytes("<f4", &[2, 3], &[0u8; 20]);
         let e = decode_npy(&b, DatumType::F32, 1000)
             .unwrap_err()
             .to_string();
         assert!(e.contains("truncated"), "{e}");
-        let b = npy_bytes("<f4", "(1000000, 1000000)", &[0u8; 4]);
+        let b = npy_bytes("<f4", &[1000000, 1000000], &[0u8; 4]);
         let e = decode_npy(&b, DatumType::F32, 1 << 32)
             .unwrap_err()
             .to_string();

@@ -374,72 +374,34 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use attnrt_onnx::proto::{
-        tensor_shape_proto::{dimension, Dimension},
-        type_proto, GraphProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto,
-        TypeProto, ValueInfoProto,
-    };
+    use attnrt_onnx::proto::TensorProto;
     use attnrt_onnx::DataType;
-
-    fn value_info(name: &str, dims: &[i64]) -> ValueInfoProto {
-        ValueInfoProto {
-            name: name.into(),
-            r#type: Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                    elem_type: DataType::Float as i32,
-                    shape: Some(TensorShapeProto {
-                        dim: dims
-                            .iter()
-                            .map(|d| Dimension {
-                                value: Some(dimension::Value::DimValue(*d)),
-                                ..Default::default()
-                            })
-                            .collect(),
-                    }),
-                })),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
+    use attnrt_testkit::{float_value, model, node, GraphBuilder};
 
     /// `Pad(x [2, 3], pads [0, 1, 0, 1], constant_value)` at opset 18.
     fn pad_model(constant_dims: Vec<i64>) -> ModelProto {
+        let mut g = GraphBuilder::new("g");
+        g.node(node("", "Pad", &["x", "pads", "value"], &["y"]));
+        // `int64_data`/`float_data` rather than `raw_data`: the typed fields are read too.
+        g.initializer(TensorProto {
+            name: "pads".into(),
+            dims: vec![4],
+            data_type: DataType::Int64 as i32,
+            int64_data: vec![0, 1, 0, 1],
+            ..Default::default()
+        });
+        g.initializer(TensorProto {
+            name: "value".into(),
+            dims: constant_dims,
+            data_type: DataType::Float as i32,
+            float_data: vec![7.0],
+            ..Default::default()
+        });
+        g.input(float_value("x", &[2, 3]));
+        g.output(float_value("y", &[2, 5]));
         ModelProto {
             ir_version: 10,
-            opset_import: vec![OperatorSetIdProto {
-                domain: String::new(),
-                version: 18,
-            }],
-            graph: Some(GraphProto {
-                name: "g".into(),
-                node: vec![NodeProto {
-                    op_type: "Pad".into(),
-                    input: vec!["x".into(), "pads".into(), "value".into()],
-                    output: vec!["y".into()],
-                    ..Default::default()
-                }],
-                initializer: vec![
-                    TensorProto {
-                        name: "pads".into(),
-                        dims: vec![4],
-                        data_type: DataType::Int64 as i32,
-                        int64_data: vec![0, 1, 0, 1],
-                        ..Default::default()
-                    },
-                    TensorProto {
-                        name: "value".into(),
-                        dims: constant_dims,
-                        data_type: DataType::Float as i32,
-                        float_data: vec![7.0],
-                        ..Default::default()
-                    },
-                ],
-                input: vec![value_info("x", &[2, 3])],
-                output: vec![value_info("y", &[2, 5])],
-                ..Default::default()
-            }),
-            ..Default::default()
+            ..model(g.finish(), 18)
         }
     }
 

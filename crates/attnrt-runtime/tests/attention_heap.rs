@@ -7,13 +7,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use attnrt_onnx::proto::{
-    tensor_shape_proto::{dimension, Dimension},
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
-    ValueInfoProto,
-};
-use attnrt_onnx::{attr, DataType};
+use attnrt_onnx::{attr, ModelProto};
 use attnrt_runtime::{NamedTensor, Session, Tensor, Threads};
+use attnrt_testkit::{float_value, model, node_with_attrs, GraphBuilder};
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
@@ -70,61 +66,30 @@ fn heap_growth<R>(f: impl FnOnce() -> R) -> (R, usize) {
     (r, PEAK.load(Ordering::Relaxed).saturating_sub(before))
 }
 
-fn value_info(name: &str, dims: &[i64]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: DataType::Float as i32,
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|d| Dimension {
-                            value: Some(dimension::Value::DimValue(*d)),
-                            ..Default::default()
-                        })
-                        .collect(),
-                }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 #[test]
 fn attention_op_run_allocates_about_its_output() {
     // 3-D [B, L, H·D] as the fusion emits it; Y is 4 MiB.
     let (len, heads, head) = (1024usize, 8usize, 128usize);
     let hidden = heads * head;
     let dims = [1, len as i64, hidden as i64];
+    let mut g = GraphBuilder::new("g");
+    g.node(node_with_attrs(
+        "attn",
+        "Attention",
+        &["Q", "K", "V"],
+        &["Y"],
+        vec![
+            attr::make_int("q_num_heads", heads as i64),
+            attr::make_int("kv_num_heads", heads as i64),
+        ],
+    ));
+    for name in ["Q", "K", "V"] {
+        g.input(float_value(name, &dims));
+    }
+    g.output(float_value("Y", &dims));
     let model = ModelProto {
         ir_version: 10,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 23,
-        }],
-        graph: Some(GraphProto {
-            name: "g".into(),
-            node: vec![NodeProto {
-                op_type: "Attention".into(),
-                name: "attn".into(),
-                input: vec!["Q".into(), "K".into(), "V".into()],
-                output: vec!["Y".into()],
-                attribute: vec![
-                    attr::make_int("q_num_heads", heads as i64),
-                    attr::make_int("kv_num_heads", heads as i64),
-                ],
-                ..Default::default()
-            }],
-            input: ["Q", "K", "V"]
-                .iter()
-                .map(|n| value_info(n, &dims))
-                .collect(),
-            output: vec![value_info("Y", &dims)],
-            ..Default::default()
-        }),
-        ..Default::default()
+        ..model(g.finish(), 23)
     };
     let n = len * hidden;
     let inputs: Vec<NamedTensor> = ["Q", "K", "V"]

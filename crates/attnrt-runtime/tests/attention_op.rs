@@ -1,38 +1,10 @@
 //! The `Attention` op (opset 23) run through tract with attnrt's parser, against an independent
 //! f64 implementation of the ONNX reference written here (`onnx/reference/ops/op_attention.py`).
 
-use attnrt_onnx::proto::{
-    tensor_shape_proto::{dimension, Dimension},
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
-    ValueInfoProto,
-};
-use attnrt_onnx::{attr, DataType};
+use attnrt_onnx::{attr, DataType, ModelProto};
 use attnrt_runtime::{NamedTensor, Session, Tensor, Threads};
+use attnrt_testkit::{model, node_with_attrs, value_info, GraphBuilder};
 use ndarray::ArrayD;
-
-fn value_info(name: &str, elem: DataType, dims: &[&str]) -> ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|d| Dimension {
-            value: Some(match d.parse::<i64>() {
-                Ok(v) => dimension::Value::DimValue(v),
-                Err(_) => dimension::Value::DimParam(d.to_string()),
-            }),
-            ..Default::default()
-        })
-        .collect();
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: elem as i32,
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
 
 /// A model with one Attention node; `inputs`/`outputs` are (name, type, symbolic dims) with
 /// "" for an unwired slot.
@@ -42,36 +14,19 @@ fn attention_model(
     attrs: Vec<attnrt_onnx::AttributeProto>,
     elem: DataType,
 ) -> ModelProto {
-    let node = NodeProto {
-        op_type: "Attention".into(),
-        name: "attn".into(),
-        input: inputs.iter().map(|(n, _, _)| n.to_string()).collect(),
-        output: outputs.iter().map(|(n, _)| n.to_string()).collect(),
-        attribute: attrs,
-        ..Default::default()
-    };
+    let ins: Vec<&str> = inputs.iter().map(|(n, _, _)| *n).collect();
+    let outs: Vec<&str> = outputs.iter().map(|(n, _)| *n).collect();
+    let mut g = GraphBuilder::new("g");
+    g.node(node_with_attrs("attn", "Attention", &ins, &outs, attrs));
+    for (n, t, d) in inputs.iter().filter(|(n, _, _)| !n.is_empty()) {
+        g.input(value_info(n, *t, d));
+    }
+    for (n, d) in outputs.iter().filter(|(n, _)| !n.is_empty()) {
+        g.output(value_info(n, elem, d));
+    }
     ModelProto {
         ir_version: 10,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 23,
-        }],
-        graph: Some(GraphProto {
-            name: "g".into(),
-            node: vec![node],
-            input: inputs
-                .iter()
-                .filter(|(n, _, _)| !n.is_empty())
-                .map(|(n, t, d)| value_info(n, *t, d))
-                .collect(),
-            output: outputs
-                .iter()
-                .filter(|(n, _)| !n.is_empty())
-                .map(|(n, d)| value_info(n, elem, d))
-                .collect(),
-            ..Default::default()
-        }),
-        ..Default::default()
+        ..model(g.finish(), 23)
     }
 }
 
@@ -379,10 +334,7 @@ fn softcap_additive_mask_and_f16() {
     // Round through f16 so the reference sees what the op sees.
     let r16 = |x: &[f32]| -> Vec<f32> {
         let t = tensor(&[x.len()], x.to_vec());
-        as_f32(
-            &t.cast_to_dt(attnrt_runtime::DatumType::F16)
-                .unwrap(),
-        )
+        as_f32(&t.cast_to_dt(attnrt_runtime::DatumType::F16).unwrap())
     };
     let (q16, k16, v16, m16) = (r16(&q), r16(&k), r16(&v), r16(&mask));
     let c16 = Case {
