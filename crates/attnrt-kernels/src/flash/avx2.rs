@@ -118,4 +118,28 @@ unsafe fn vgather(base: *const f32, idx: *const i32, live: usize) -> V {
     _mm256_mask_i32gather_ps::<4>(_mm256_setzero_ps(), base, offsets, on)
 }
 
+/// Transposes an 8×8 tile in registers: afterwards `t[c][r]` is the old `t[r][c]` (unpacks and
+/// shuffles within 128-bit lanes, then one lane permute per output row).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn vtranspose(t: &mut [V; LANES]) {
+    let mut a = [_mm256_setzero_ps(); 8];
+    for k in 0..4 {
+        a[2 * k] = _mm256_unpacklo_ps(t[2 * k], t[2 * k + 1]);
+        a[2 * k + 1] = _mm256_unpackhi_ps(t[2 * k], t[2 * k + 1]);
+    }
+    // u[4g + k]: column 4L + k of rows 4g..4g+3, in 128-bit lane L.
+    let mut u = [_mm256_setzero_ps(); 8];
+    for g in 0..2 {
+        u[4 * g] = _mm256_shuffle_ps::<0x44>(a[4 * g], a[4 * g + 2]);
+        u[4 * g + 1] = _mm256_shuffle_ps::<0xEE>(a[4 * g], a[4 * g + 2]);
+        u[4 * g + 2] = _mm256_shuffle_ps::<0x44>(a[4 * g + 1], a[4 * g + 3]);
+        u[4 * g + 3] = _mm256_shuffle_ps::<0xEE>(a[4 * g + 1], a[4 * g + 3]);
+    }
+    for k in 0..4 {
+        t[k] = _mm256_permute2f128_ps::<0x20>(u[k], u[4 + k]);
+        t[4 + k] = _mm256_permute2f128_ps::<0x31>(u[k], u[4 + k]);
+    }
+}
+
 flash_core!(#[target_feature(enable = "avx2,fma")]);

@@ -116,4 +116,39 @@ unsafe fn vgather(base: *const f32, idx: *const i32, live: usize) -> V {
     _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), k, offsets, base)
 }
 
+/// Transposes a 16×16 tile in registers: afterwards `t[c][r]` is the old `t[r][c]`. Four rounds
+/// of shuffles (unpack within 128-bit lanes at 32 and 64 bits, then two lane shuffles).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn vtranspose(t: &mut [V; LANES]) {
+    let mut a = [_mm512_setzero_ps(); 16];
+    for k in 0..8 {
+        a[2 * k] = _mm512_unpacklo_ps(t[2 * k], t[2 * k + 1]);
+        a[2 * k + 1] = _mm512_unpackhi_ps(t[2 * k], t[2 * k + 1]);
+    }
+    // u[4g + k]: column 4L + k of rows 4g..4g+3, in 128-bit lane L.
+    let mut u = [_mm512_setzero_ps(); 16];
+    for g in 0..4 {
+        let (lo0, hi0) = (_mm512_castps_pd(a[4 * g]), _mm512_castps_pd(a[4 * g + 2]));
+        let (lo1, hi1) = (
+            _mm512_castps_pd(a[4 * g + 1]),
+            _mm512_castps_pd(a[4 * g + 3]),
+        );
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, hi0));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, hi0));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo1, hi1));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo1, hi1));
+    }
+    for k in 0..4 {
+        let a0 = _mm512_shuffle_f32x4::<0x88>(u[k], u[4 + k]);
+        let b0 = _mm512_shuffle_f32x4::<0xDD>(u[k], u[4 + k]);
+        let c0 = _mm512_shuffle_f32x4::<0x88>(u[8 + k], u[12 + k]);
+        let d0 = _mm512_shuffle_f32x4::<0xDD>(u[8 + k], u[12 + k]);
+        t[k] = _mm512_shuffle_f32x4::<0x88>(a0, c0);
+        t[8 + k] = _mm512_shuffle_f32x4::<0xDD>(a0, c0);
+        t[4 + k] = _mm512_shuffle_f32x4::<0x88>(b0, d0);
+        t[12 + k] = _mm512_shuffle_f32x4::<0xDD>(b0, d0);
+    }
+}
+
 flash_core!(#[target_feature(enable = "avx512f")]);

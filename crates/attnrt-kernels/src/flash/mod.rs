@@ -44,8 +44,6 @@ pub(crate) struct Job {
     pub out: *mut f32,
     pub os: [isize; 4],
     pub mask: JobMask,
-    /// Every query offset `q · st[2]` of the mask fits in an `i32` (gather indices).
-    pub mask_gather_ok: bool,
     pub batch: usize,
     pub q_heads: usize,
     pub group: usize,
@@ -166,13 +164,6 @@ pub(crate) fn run(
             Mask::Boolean(m) => {
                 JobMask::Boolean(m.data.as_ptr(), effective_strides(&m.dims, &m.strides))
             }
-        },
-        mask_gather_ok: match mask {
-            Mask::Additive(m) => {
-                let st = effective_strides(&m.dims, &m.strides)[2];
-                st > 0 && (p.q_len as i128) * (st as i128) <= i32::MAX as i128
-            }
-            _ => false,
         },
         batch: p.batch,
         q_heads: p.q_heads,
@@ -322,7 +313,7 @@ pub(crate) unsafe fn unpack_ot(
 
 /// The ISA-independent part of the kernel, expanded inside each ISA module. The module provides
 /// `V`, `LANES`, `NR`, `MR`, `BK`, `BQ`, `QSUB` and the vector primitives `vzero vsplat vload
-/// vstore vfma vmul vadd vsub vmax vexp2 vzero_if_neg_inf vprefetch vgather`; `$attr` is its
+/// vstore vfma vmul vadd vsub vmax vexp2 vzero_if_neg_inf vprefetch vgather vtranspose`; `$attr` is its
 /// `#[target_feature]` (empty for the scalar path), put on every function so that the whole
 /// kernel is compiled for — and inlined within — that ISA.
 /// The tile functions take the number of live query vectors `N` (1 or `NR`) as a const generic.
@@ -531,27 +522,31 @@ macro_rules! flash_core {
                         }
                     }
                 }
-                JobMask::Additive(ptr, st) if job.mask_gather_ok => {
-                    // A mask that varies along queries (e.g. `[B, 1, Lq, Lk]`): its values for
-                    // one key are `st[2]` apart, so each score vector gathers its 16/8 values.
+                JobMask::Additive(ptr, st) if st[3] == 1 => {
+                    // A mask that varies along queries (e.g. `[B, 1, Lq, Lk]`) is stored query-
+                    // major, the tile key-major: LANES×LANES pieces (LANES queries' runs of LANES
+                    // keys, contiguous) are transposed in registers, the key tail element-wise.
                     let base = ptr.offset(b as isize * st[0] + h as isize * st[1]);
-                    let mut idx = [[0i32; LANES]; N];
-                    for n in 0..N {
-                        for lane in 0..LANES {
-                            let q = n * LANES + lane;
-                            if q < nq {
-                                // Fits: `mask_gather_ok` bounds q_len · st[2] by i32::MAX.
-                                idx[n][lane] = ((i0 + q) as isize * st[2]) as i32;
+                    let nk_full = nk - nk % LANES;
+                    for q0 in (0..nq).step_by(LANES) {
+                        let live = (nq - q0).min(LANES);
+                        let rows = base.offset((i0 + q0) as isize * st[2] + j0 as isize);
+                        let mut jg = 0;
+                        while jg < nk_full {
+                            let mut t = [vzero(); LANES];
+                            for (r, x) in t.iter_mut().enumerate().take(live) {
+                                *x = vload(rows.offset(r as isize * st[2]).add(jg));
                             }
+                            vtranspose(&mut t);
+                            for (k, x) in t.iter().enumerate() {
+                                let sp = s.add((jg + k) * BQ + q0);
+                                vstore(sp, vfma(*x, log2e, vload(sp)));
+                            }
+                            jg += LANES;
                         }
-                    }
-                    for j in 0..nk {
-                        let col = base.offset((j0 + j) as isize * st[3]);
-                        for n in 0..N {
-                            let live = nq.saturating_sub(n * LANES).min(LANES);
-                            if live > 0 {
-                                let x = s.add(j * BQ + n * LANES);
-                                vstore(x, vfma(vgather(col, idx[n].as_ptr(), live), log2e, vload(x)));
+                        for j in nk_full..nk {
+                            for r in 0..live {
+                                *s.add(j * BQ + q0 + r) += *rows.offset(r as isize * st[2]).add(j) * std::f32::consts::LOG2_E;
                             }
                         }
                     }

@@ -89,4 +89,17 @@ unsafe fn vgather(base: *const f32, idx: *const i32, live: usize) -> V {
     r
 }
 
+/// Transposes a `LANES`×`LANES` tile: afterwards `t[c][r]` is the old `t[r][c]`.
+#[inline]
+#[allow(clippy::needless_range_loop)] // a swap across the diagonal reads clearest with indices
+fn vtranspose(t: &mut [V; LANES]) {
+    for r in 0..LANES {
+        for c in r + 1..LANES {
+            let x = t[r][c];
+            t[r][c] = t[c][r];
+            t[c][r] = x;
+        }
+    }
+}
+
 flash_core!();
