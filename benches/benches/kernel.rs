@@ -3,7 +3,7 @@
 //! * `kernel_vs_reference`: the flash kernel against the naive f64 reference at small L.
 //! * `kernel/<isa>/t<threads>/L<len>`: the kernel alone, B=1, H=12, D=64, L ∈ {128, 512, 2048,
 //!   4096}, every ISA path of this CPU (the portable path only up to L=512: it is slow), 1 and 2
-//!   threads for the best path, plus causal at L=2048.
+//!   threads for the best path, plus causal and two padding-mask layouts at L=2048.
 //!
 //! Throughput is reported as elements = flops (4·B·H·Lq·Lk·D, dense count even for causal), so
 //! criterion's "elem/s" reads as flop/s; a `GFLOP/s` summary table is printed at the end.
@@ -15,7 +15,20 @@ use std::time::{Duration, Instant};
 use attnrt_kernels::{attention_with_isa, reference, AttentionParams, Isa, Mask, View4, ViewMut4};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
+/// What is applied on top of the plain scaled dot product.
+#[derive(Clone, Copy, PartialEq)]
+enum Variant {
+    Dense,
+    Causal,
+    /// An additive padding mask (last 7 keys −10000), one row `[1, 1, 1, L]` for every query.
+    MaskRow,
+    /// The same mask widened to `[1, 1, L, L]` (as models that expand their mask pass it).
+    MaskFull,
+}
+
 struct Problem {
+    mask_row: Vec<f32>,
+    mask_full: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -33,7 +46,10 @@ impl Problem {
                 .map(|i| ((i as f32) * 0.013 + c).sin())
                 .collect::<Vec<f32>>()
         };
+        let pad = |j: usize| if j + 7 < len { 0.0 } else { -10000.0 };
         Problem {
+            mask_row: (0..len).map(pad).collect(),
+            mask_full: (0..len * len).map(|i| pad(i % len)).collect(),
             q: fill(0.1),
             k: fill(0.2),
             v: fill(0.3),
@@ -49,7 +65,7 @@ impl Problem {
     }
 
     /// The 3-D `[B, L, H·D]` layout, as the runtime passes ONNX tensors.
-    fn run(&mut self, isa: Isa, causal: bool, use_reference: bool) {
+    fn run(&mut self, isa: Isa, variant: Variant, use_reference: bool) {
         let (h, l, d) = (self.heads, self.len, self.head_dim);
         let q = View4::from_bshd(&self.q, 1, l, h, d).unwrap();
         let k = View4::from_bshd(&self.k, 1, l, h, d).unwrap();
@@ -57,13 +73,22 @@ impl Problem {
         let mut out = ViewMut4::from_bshd(&mut self.out, 1, l, h, d).unwrap();
         let params = AttentionParams {
             scale: AttentionParams::default_scale(d),
-            causal: causal.then_some(0),
+            causal: (variant == Variant::Causal).then_some(0),
             softcap: None,
         };
+        let mask = match variant {
+            Variant::MaskRow => {
+                Mask::Additive(View4::contiguous(&self.mask_row, [1, 1, 1, l]).unwrap())
+            }
+            Variant::MaskFull => {
+                Mask::Additive(View4::contiguous(&self.mask_full, [1, 1, l, l]).unwrap())
+            }
+            Variant::Dense | Variant::Causal => Mask::None,
+        };
         if use_reference {
-            reference::attention(&q, &k, &v, &Mask::None, &params, &mut out).unwrap();
+            reference::attention(&q, &k, &v, &mask, &params, &mut out).unwrap();
         } else {
-            attention_with_isa(isa, &q, &k, &v, &Mask::None, &params, &mut out).unwrap();
+            attention_with_isa(isa, &q, &k, &v, &mask, &params, &mut out).unwrap();
         }
     }
 }
@@ -82,7 +107,7 @@ fn bench_case(
     len: usize,
     threads: usize,
     isa: Isa,
-    causal: bool,
+    variant: Variant,
     use_reference: bool,
 ) {
     let pool = rayon::ThreadPoolBuilder::new()
@@ -101,7 +126,7 @@ fn bench_case(
         b.iter_custom(|iters| {
             let start = Instant::now();
             for _ in 0..iters {
-                pool.install(|| p.run(isa, causal, use_reference));
+                pool.install(|| p.run(isa, variant, use_reference));
             }
             let total = start.elapsed();
             SUMMARY.with(|s| {
@@ -128,7 +153,7 @@ fn benches(c: &mut Criterion) {
         128,
         1,
         best,
-        false,
+        Variant::Dense,
         false,
     );
     bench_case(
@@ -139,7 +164,7 @@ fn benches(c: &mut Criterion) {
         128,
         1,
         best,
-        false,
+        Variant::Dense,
         true,
     );
 
@@ -160,7 +185,7 @@ fn benches(c: &mut Criterion) {
                     len,
                     t,
                     isa,
-                    false,
+                    Variant::Dense,
                     false,
                 );
             }
@@ -175,7 +200,24 @@ fn benches(c: &mut Criterion) {
             2048,
             t,
             best,
-            true,
+            Variant::Causal,
+            false,
+        );
+    }
+    // Padding masks at L=2048: one row for all queries, and the same widened to [1, 1, L, L].
+    for (name, variant) in [
+        ("mask-row", Variant::MaskRow),
+        ("mask-full", Variant::MaskFull),
+    ] {
+        bench_case(
+            c,
+            "kernel",
+            format!("{best}/t1/L2048-{name}"),
+            12,
+            2048,
+            1,
+            best,
+            variant,
             false,
         );
     }
