@@ -651,15 +651,8 @@ macro_rules! flash_core {
             }
             let first = qbase.offset(i0 as isize * row_stride);
             // Rows `H·D` floats apart (3-D layout) would otherwise be fetched one miss at a time.
-            if col_stride == 1 {
-                for q in 0..nq {
-                    let row = first.offset(q as isize * row_stride);
-                    let mut e = 0;
-                    while e < d {
-                        vprefetch(row.add(e));
-                        e += 16;
-                    }
-                }
+            if col_stride == 1 && d > 0 {
+                prefetch_rows(first, row_stride, nq, d);
             }
             let sc = vsplat(scale);
             for dd in 0..d {
