@@ -119,17 +119,22 @@ impl Scratch {
 /// Bytes of scratch one task of `isa` needs at most (one per pool thread); independent of the
 /// sequence lengths.
 pub fn scratch_bytes(isa: Isa, head_dim: usize, v_head_dim: usize) -> usize {
-    let (bq, bk, qsub) = match isa {
+    let (bq, bk, qsub) = tiles(isa);
+    let qsub = qsub_cap(bq, qsub, head_dim, v_head_dim);
+    let floats =
+        qsub * bq * (head_dim + v_head_dim + 2) + bq * (bk + 1) + bk * (head_dim + v_head_dim);
+    (floats + 7 * 16) * std::mem::size_of::<f32>()
+}
+
+/// `(BQ, BK, QSUB_MAX)` of the module that runs `isa`.
+fn tiles(isa: Isa) -> (usize, usize, usize) {
+    match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => (avx512::BQ, avx512::BK, avx512::QSUB_MAX),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => (avx2::BQ, avx2::BK, avx2::QSUB_MAX),
         _ => (scalar::BQ, scalar::BK, scalar::QSUB_MAX),
-    };
-    let qsub = qsub_cap(bq, qsub, head_dim, v_head_dim);
-    let floats =
-        qsub * bq * (head_dim + v_head_dim + 2) + bq * (bk + 1) + bk * (head_dim + v_head_dim);
-    (floats + 7 * 16) * std::mem::size_of::<f32>()
+    }
 }
 
 /// Runs a validated problem. `isa` must be available (checked by the caller).
@@ -147,7 +152,8 @@ pub(crate) fn run(
     if out.num_elements() == 0 {
         return;
     }
-    let mut job = Job {
+    let (bq, _, qsub_max) = tiles(isa);
+    let job = Job {
         q: q.data.as_ptr(),
         qs: effective_strides(&q.dims, &q.strides),
         k: k.data.as_ptr(),
@@ -175,18 +181,26 @@ pub(crate) fn run(
         scale: params.scale,
         causal: params.causal,
         softcap: params.effective_softcap(),
-        qsub: 1,
+        qsub: choose_qsub(
+            p.batch * p.q_heads,
+            p.q_len,
+            bq,
+            qsub_max,
+            p.head_dim,
+            p.v_head_dim,
+            rayon::current_num_threads(),
+        ),
     };
     // SAFETY: `isa` was checked available by the caller; `job` holds pointers of validated views.
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512::run(&mut job),
+            Isa::Avx512 => avx512::run(&job),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2::run(&mut job),
+            Isa::Avx2 => avx2::run(&job),
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx512 | Isa::Avx2 => scalar::run(&mut job),
-            Isa::Scalar => scalar::run(&mut job),
+            Isa::Avx512 | Isa::Avx2 => scalar::run(&job),
+            Isa::Scalar => scalar::run(&job),
         }
     }
 }
@@ -803,7 +817,7 @@ macro_rules! flash_core {
         /// # Safety
         /// The CPU must support this module's target features, and `job` must come from views
         /// validated by `Problem::check`.
-        pub(crate) unsafe fn run(job: &mut Job) {
+        pub(crate) unsafe fn run(job: &Job) {
             thread_local! {
                 /// This thread's scratch for the last `(D, Dv, qsub)` it ran, kept across calls: a
                 /// model runs many attention calls, and fresh 0.2–1 MB buffers per call cost
@@ -811,8 +825,6 @@ macro_rules! flash_core {
                 static SCRATCH: std::cell::RefCell<Option<((usize, usize, usize), Scratch)>> =
                     const { std::cell::RefCell::new(None) };
             }
-            job.qsub = $crate::flash::choose_qsub(job.batch * job.q_heads, job.q_len, BQ, QSUB_MAX, job.d, job.dv, rayon::current_num_threads());
-            let job: &Job = job;
             let tasks = job.batch * job.q_heads * job.q_len.div_ceil(BQ * job.qsub);
             (0..tasks).into_par_iter().for_each(|t| {
                 SCRATCH.with(|cell| {
