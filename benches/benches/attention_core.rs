@@ -26,7 +26,7 @@ use attnrt_benches::{
     BERT_BASE_ATTENTION,
 };
 use attnrt_kernels::{attention, AttentionParams, Mask, View4, ViewMut4};
-use attnrt_runtime::{NamedTensor, Tensor, Threads};
+use attnrt_runtime::{Backend, NamedTensor, Tensor, Threads};
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
@@ -115,10 +115,13 @@ fn benches(c: &mut Criterion) {
             g.warm_up_time(Duration::from_millis(if len >= 2048 { 1500 } else { 500 }));
             g.measurement_time(Duration::from_secs(if len >= 2048 { 8 } else { 3 }));
 
-            for (path, model) in [("fused", &fused_model), ("unfused", &chain_model)] {
+            for (path, model, backend) in [
+                ("fused", &fused_model, Backend::Attnrt),
+                ("unfused", &chain_model, Backend::Tract),
+            ] {
                 let name = case(path, t, len);
                 g.bench_function(BenchmarkId::new(path, len), |b| {
-                    let s = session(model, &inputs, &threads, &name).expect("session");
+                    let s = session(model, &inputs, &threads, &name, backend).expect("session");
                     let first = s.run(&inputs).expect("first run");
                     OUTPUTS.with(|o| o.borrow_mut().insert(name.clone(), first));
                     timed(b, &name, || {

@@ -7,8 +7,10 @@
 //!   FFN 3072, GELU, post-LayerNorm, additive padding bias `[1,1,1,L]` as BERT exports it, the
 //!   last 5% of positions padded) at L ∈ {512, 2048}.
 //!
-//! The fused model is `attnrt_fusion::fuse` of the unfused one (2 blocks each); both run through
-//! `attnrt_runtime::Session`.
+//! The fused model is `attnrt_fusion::fuse` of the unfused one (2 blocks each); all run through
+//! `attnrt_runtime::Session`: `fused` and `unfused_attnrt` as `attnrt run` does (constant-weight
+//! matmuls on attnrt's `gemm`-backed op), `unfused` with tract's own matmuls (plain tract, the
+//! peer baseline). fused vs `unfused_attnrt` is what the fusion alone brings.
 //!
 //! Run: `cargo bench -p attnrt-benches --bench bert_model`. Environment overrides:
 //! `ATTNRT_BENCH_LENS=512` (encoder lengths), `ATTNRT_BENCH_THREADS=2`.
@@ -24,7 +26,7 @@ use attnrt_benches::{
     EncoderShape, Samples, Table, BERT_BASE_ATTENTION,
 };
 use attnrt_onnx::{load_model, Limits, ModelProto};
-use attnrt_runtime::{NamedTensor, Tensor, Threads};
+use attnrt_runtime::{Backend, NamedTensor, Tensor, Threads};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode};
 
 thread_local! {
@@ -126,10 +128,14 @@ fn benches(c: &mut Criterion) {
             500
         }));
         g.measurement_time(Duration::from_secs(if case.len >= 2048 { 10 } else { 3 }));
-        for (path, model) in [("fused", &case.fused), ("unfused", &case.unfused)] {
+        for (path, model, backend) in [
+            ("fused", &case.fused, Backend::Attnrt),
+            ("unfused_attnrt", &case.unfused, Backend::Attnrt),
+            ("unfused", &case.unfused, Backend::Tract),
+        ] {
             let name = format!("{}/{path}", case.id);
             g.bench_function(BenchmarkId::new(path, &case.id), |b| {
-                let s = session(model, &case.inputs, &threads, &name).expect("session");
+                let s = session(model, &case.inputs, &threads, &name, backend).expect("session");
                 OUTPUTS.with(|o| {
                     o.borrow_mut()
                         .insert(name.clone(), s.run(&case.inputs).expect("first run"))
@@ -151,9 +157,11 @@ fn benches(c: &mut Criterion) {
     let mut table = Table::new(&[
         "model",
         "threads",
-        "fused ms",
-        "unfused ms",
-        "unfused/fused",
+        "attnrt fused ms",
+        "attnrt unfused ms",
+        "attnrt unfused/fused",
+        "tract unfused ms",
+        "tract unfused/attnrt fused",
         "max |fused−unfused|",
     ]);
     SAMPLES.with(|s| {
@@ -163,6 +171,7 @@ fn benches(c: &mut Criterion) {
             for case in &cases {
                 let f = s.median_ms(&format!("{}/fused", case.id));
                 let u = s.median_ms(&format!("{}/unfused", case.id));
+                let ua = s.median_ms(&format!("{}/unfused_attnrt", case.id));
                 if f.is_none() && u.is_none() {
                     continue;
                 }
@@ -180,6 +189,8 @@ fn benches(c: &mut Criterion) {
                     case.id.clone(),
                     t.to_string(),
                     fmt_opt(f, 2),
+                    fmt_opt(ua, 2),
+                    fmt_opt(ua.zip(f).map(|(u, f)| u / f), 2),
                     fmt_opt(u, 2),
                     fmt_opt(u.zip(f).map(|(u, f)| u / f), 2),
                     diff,

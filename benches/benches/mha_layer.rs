@@ -2,9 +2,13 @@
 //! projections with bias, B=1), fused vs unfused, plus ONNX Runtime on the same layer:
 //!
 //! * `unfused`: the layer as the TorchScript exporter writes it (projections, Reshape/Transpose
-//!   head split, MatMul, Mul, Softmax, MatMul, head merge, output projection), run by tract;
+//!   head split, MatMul, Mul, Softmax, MatMul, head merge, output projection), run by tract
+//!   as tract-onnx runs it (its own matmuls, [`Backend::Tract`]): the peer baseline;
 //! * `fused`: `attnrt_fusion::fuse` of that model (the attention becomes one 3-D `Attention`
-//!   node on attnrt's kernel; the projections stay tract MatMuls), run the same way;
+//!   node on attnrt's kernel) run as `attnrt run` does: the projections on attnrt's
+//!   `gemm`-backed op ([`Backend::Attnrt`]);
+//! * `fused_tract_mm` / `unfused_attnrt`: the fused model with tract's matmuls, and the unfused
+//!   model with attnrt's projections — what the fusion alone and the projections alone bring;
 //! * ONNX Runtime: `benches/python/ort_bench.py` builds the same layer with the onnx helper, as
 //!   the `Attention` op (opset 23) and decomposed, and times it in the same run (skipped when no
 //!   Python with onnxruntime is found).
@@ -26,7 +30,7 @@ use attnrt_benches::{
     attention_flops, check_same_output, env_list, fmt_opt, fuse_expecting, machine_note, ort,
     random_input, session, Samples, Table, BERT_BASE_ATTENTION,
 };
-use attnrt_runtime::{NamedTensor, Threads};
+use attnrt_runtime::{Backend, NamedTensor, Threads};
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
@@ -78,10 +82,15 @@ fn benches(c: &mut Criterion) {
         g.sampling_mode(SamplingMode::Flat);
         g.warm_up_time(Duration::from_millis(if len >= 2048 { 1500 } else { 500 }));
         g.measurement_time(Duration::from_secs(if len >= 2048 { 8 } else { 3 }));
-        for (path, model) in [("fused", &fused), ("unfused", &unfused)] {
+        for (path, model, backend) in [
+            ("fused", &fused, Backend::Attnrt),
+            ("fused_tract_mm", &fused, Backend::Tract),
+            ("unfused_attnrt", &unfused, Backend::Attnrt),
+            ("unfused", &unfused, Backend::Tract),
+        ] {
             let name = case(path, t, len);
             g.bench_function(BenchmarkId::new(path, len), |b| {
-                let s = session(model, &inputs, threads, &name).expect("session");
+                let s = session(model, &inputs, threads, &name, backend).expect("session");
                 OUTPUTS.with(|o| {
                     o.borrow_mut()
                         .insert(name.clone(), s.run(&inputs).expect("first run"))
@@ -126,8 +135,10 @@ fn benches(c: &mut Criterion) {
         "threads",
         "L",
         "attnrt fused ms",
+        "fused, tract matmuls ms",
+        "unfused, attnrt matmuls ms",
         "tract unfused ms",
-        "unfused/fused",
+        "tract unfused/attnrt fused",
         "ORT Attention ms",
         "ORT decomposed ms",
         "ORT Attention/attnrt fused",
@@ -140,6 +151,8 @@ fn benches(c: &mut Criterion) {
             for &(t, len) in &cases {
                 let f = s.median_ms(&case("fused", t, len));
                 let u = s.median_ms(&case("unfused", t, len));
+                let ft = s.median_ms(&case("fused_tract_mm", t, len));
+                let ua = s.median_ms(&case("unfused_attnrt", t, len));
                 if f.is_none() && u.is_none() {
                     continue;
                 }
@@ -163,6 +176,8 @@ fn benches(c: &mut Criterion) {
                     t.to_string(),
                     len.to_string(),
                     fmt_opt(f, 1),
+                    fmt_opt(ft, 1),
+                    fmt_opt(ua, 1),
                     fmt_opt(u, 1),
                     fmt_opt(u.zip(f).map(|(u, f)| u / f), 2),
                     fmt_opt(ort_a, 1),

@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::ModelProto;
-use attnrt_runtime::{diff_tensor, NamedTensor, Session, Tensor, Threads, Tolerance};
+use attnrt_runtime::{diff_tensor, Backend, NamedTensor, Session, Tensor, Threads, Tolerance};
 
 pub use graphs::{AttentionShape, CoreLayout, EncoderShape};
 
@@ -113,13 +113,16 @@ pub fn check_same_output(
 
 /// Builds a session for `model` on `inputs`, naming the model in errors (the same path as
 /// `attnrt run`: shapes come from the given inputs, declared `value_info` shapes are ignored).
+/// `backend` runs the constant-weight `MatMul`s: [`Backend::Attnrt`] as `attnrt run` does,
+/// [`Backend::Tract`] as plain tract-onnx does (the peer baseline).
 pub fn session(
     model: &ModelProto,
     inputs: &[NamedTensor],
     threads: &Threads,
     what: &str,
+    backend: Backend,
 ) -> Result<Session> {
-    Session::build(model, inputs, threads, what)
+    Session::build_with(model, inputs, threads, what, backend)
 }
 
 /// A comma-separated list of numbers from environment variable `var`, or `default` when unset.
@@ -383,7 +386,7 @@ mod tests {
 
     fn run(model: &ModelProto, inputs: &[NamedTensor], what: &str) -> Vec<NamedTensor> {
         let threads = Threads::new(Some(1)).unwrap();
-        session(model, inputs, &threads, what)
+        session(model, inputs, &threads, what, Backend::default())
             .unwrap()
             .run(inputs)
             .unwrap()

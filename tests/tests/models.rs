@@ -15,7 +15,9 @@ use std::process::Command;
 
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, save_model, Limits, SaveOptions};
-use attnrt_runtime::{diff_outputs, read_npz_tensors, run_once, NamedTensor, Threads, Tolerance};
+use attnrt_runtime::{
+    diff_outputs, read_npz_tensors, run_once, Backend, NamedTensor, Threads, Tolerance,
+};
 use attnrt_tests::{manifest, models_dir, python, repo_root, ManifestModel};
 
 const FUSED_VS_UNFUSED: Tolerance = Tolerance {
@@ -81,7 +83,7 @@ fn fused_matches_unfused_and_pytorch_on_every_shipped_model() {
             .model;
         let inputs = load_npz(&m.inputs_npz);
         let torch = load_npz(&m.outputs_npz);
-        let unfused = match run_once(&model, &inputs, &threads, &m.file) {
+        let unfused = match run_once(&model, &inputs, &threads, &m.file, Backend::default()) {
             Ok(r) => r.outputs,
             Err(e) => {
                 failures.push(format!("{}: unfused run failed: {e:#}", m.file));
@@ -90,7 +92,8 @@ fn fused_matches_unfused_and_pytorch_on_every_shipped_model() {
         };
         let fused = fuse(&model, &FusionOptions::default())
             .unwrap_or_else(|e| panic!("{}: fuse: {e:#}", m.file));
-        let fused_out = match run_once(&fused.model, &inputs, &threads, &m.file) {
+        let fused_out = match run_once(&fused.model, &inputs, &threads, &m.file, Backend::default())
+        {
             Ok(r) => r.outputs,
             Err(e) => {
                 failures.push(format!("{}: fused run failed: {e:#}", m.file));

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, Limits};
-use attnrt_runtime::{diff_outputs, read_npz_tensors, run_once, Threads, Tolerance};
+use attnrt_runtime::{diff_outputs, read_npz_tensors, run_once, Backend, Threads, Tolerance};
 use serde::Deserialize;
 
 /// Cases attnrt refuses, with the reason; the refusal must name the node or input. None since
@@ -109,7 +109,13 @@ fn run_model(
 ) -> Outcome {
     let inputs = read_npz_tensors(&dir.join("inputs.npz"), 1 << 26).unwrap();
     let expected = read_npz_tensors(&dir.join("outputs.npz"), 1 << 26).unwrap();
-    match run_once(model, &inputs, threads, &dir.display().to_string()) {
+    match run_once(
+        model,
+        &inputs,
+        threads,
+        &dir.display().to_string(),
+        Backend::default(),
+    ) {
         Err(e) => Outcome::Refused(format!("{e:#}")),
         Ok(r) => {
             let diffs = diff_outputs(&r.outputs, &expected, tol);

@@ -26,7 +26,7 @@ use attnrt_benches::{
     BERT_BASE_ATTENTION,
 };
 use attnrt_kernels::{attention, scratch_bytes, AttentionParams, Isa, Mask, View4, ViewMut4};
-use attnrt_runtime::{NamedTensor, Threads};
+use attnrt_runtime::{Backend, NamedTensor, Threads};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -92,8 +92,9 @@ fn session_peak(
     inputs: &[NamedTensor],
     threads: &Threads,
     what: &str,
+    backend: Backend,
 ) -> Result<(usize, f64)> {
-    let s = session(model, inputs, threads, what)?;
+    let s = session(model, inputs, threads, what, backend)?;
     let mut worst = 0;
     let mut ms = f64::INFINITY;
     for _ in 0..2 {
@@ -162,7 +163,13 @@ fn main() -> Result<()> {
     ]);
     for &len in &opts.lens {
         let x = vec![random_input("x", &[1, len, shape.hidden()], 5)?];
-        let (f, f_ms) = session_peak(&fused, &x, &threads, &format!("fused L={len}"))?;
+        let (f, f_ms) = session_peak(
+            &fused,
+            &x,
+            &threads,
+            &format!("fused L={len}"),
+            Backend::Attnrt,
+        )?;
         let u = match opts.skip_unfused_above {
             Some(max) if len > max => None,
             _ => Some(session_peak(
@@ -170,10 +177,17 @@ fn main() -> Result<()> {
                 &x,
                 &threads,
                 &format!("unfused L={len}"),
+                Backend::Tract,
             )?),
         };
         let qkv = core_inputs(shape, CoreLayout::ThreeD, len, 1)?;
-        let (op, _) = session_peak(&op_only, &qkv, &threads, &format!("Attention op L={len}"))?;
+        let (op, _) = session_peak(
+            &op_only,
+            &qkv,
+            &threads,
+            &format!("Attention op L={len}"),
+            Backend::Attnrt,
+        )?;
         drop(qkv);
         let k = kernel_peak(len, threads.count())?;
         let scores = (shape.heads * len * len * 4) as f64 / MB;

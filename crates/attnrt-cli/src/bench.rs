@@ -9,7 +9,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::common::{dims_line, load, threads, InputArgs, LimitArgs};
+use crate::common::{dims_line, load, threads, InputArgs, LimitArgs, MatmulArgs};
 
 /// Arguments of `attnrt bench`.
 #[derive(Args, Debug)]
@@ -25,6 +25,8 @@ pub struct BenchArgs {
     /// Threads for tract's matmuls and attnrt's kernel (default: all cores).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub matmul: MatmulArgs,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -56,13 +58,16 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     .with_context(|| format!("{name}: fusion failed"))?;
     let blocks = fused.report.blocks.len();
 
-    let fused_session = Session::build(
+    let backend = args.matmul.backend();
+    let fused_session = Session::build_with(
         &fused.model,
         &prepared.tensors,
         &threads,
         &format!("fused {name}"),
+        backend,
     )?;
-    let unfused_session = Session::build(&loaded.model, &prepared.tensors, &threads, &name)?;
+    let unfused_session =
+        Session::build_with(&loaded.model, &prepared.tensors, &threads, &name, backend)?;
 
     let total = 2 * (args.warmup + args.reps) as u64;
     let bar = ProgressBar::new(total);
@@ -94,6 +99,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let v = json!({
             "model": name,
             "threads": threads.count(),
+            "matmul": args.matmul.name(),
             "dims": prepared.dims,
             "blocks_fused": blocks,
             "warmup": args.warmup,
@@ -108,6 +114,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     println!("model: {name}");
     println!("dims: {}", dims_line(&prepared));
     println!("threads: {}", threads.count());
+    println!("matmul: {}", args.matmul.name());
     if blocks == 0 {
         println!("fusion: found no attention block; both paths run the same graph");
     } else {

@@ -109,6 +109,42 @@ pub fn load(path: &std::path::Path, limits: &Limits) -> Result<LoadedModel> {
     attnrt_onnx::load_model(path, limits)
 }
 
+/// `--matmul`: which implementation runs the `MatMul`s by a constant weight (the projections).
+#[derive(Args, Debug, Clone, Copy)]
+pub struct MatmulArgs {
+    /// Implementation of `MatMul` by a constant 2-D f32 weight (the projections), on every path
+    /// run: `attnrt` (the `gemm` crate's kernels) or `tract` (tract's own, as plain tract-onnx).
+    #[arg(long, value_enum, default_value_t = Matmul::Attnrt)]
+    pub matmul: Matmul,
+}
+
+/// Values of `--matmul`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Matmul {
+    /// attnrt's projection op.
+    Attnrt,
+    /// tract's matmul.
+    Tract,
+}
+
+impl MatmulArgs {
+    /// The runtime backend.
+    pub fn backend(&self) -> attnrt_runtime::Backend {
+        match self.matmul {
+            Matmul::Attnrt => attnrt_runtime::Backend::Attnrt,
+            Matmul::Tract => attnrt_runtime::Backend::Tract,
+        }
+    }
+
+    /// The value as written on the command line.
+    pub fn name(&self) -> &'static str {
+        match self.matmul {
+            Matmul::Attnrt => "attnrt",
+            Matmul::Tract => "tract",
+        }
+    }
+}
+
 /// `--threads`: `None` = all cores.
 pub fn threads(n: Option<usize>) -> Result<attnrt_runtime::Threads> {
     attnrt_runtime::Threads::new(n)

@@ -12,7 +12,7 @@ use attnrt_runtime::{
 use clap::Args;
 use serde_json::json;
 
-use crate::common::{dims_line, load, threads, InputArgs, LimitArgs};
+use crate::common::{dims_line, load, threads, InputArgs, LimitArgs, MatmulArgs};
 
 /// Arguments of `attnrt run`.
 #[derive(Args, Debug)]
@@ -24,6 +24,8 @@ pub struct RunArgs {
     /// Threads for tract's matmuls and attnrt's kernel (default: all cores).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub matmul: MatmulArgs,
     /// Write the outputs (of the fused path, or the only path run) to this .npz.
     #[arg(long, value_name = "FILE.npz")]
     pub output: Option<PathBuf>,
@@ -106,6 +108,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             &prepared.tensors,
             &threads,
             &format!("fused {model_name}"),
+            args.matmul.backend(),
         )?),
         _ => None,
     };
@@ -115,6 +118,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             &prepared.tensors,
             &threads,
             &model_name,
+            args.matmul.backend(),
         )?)
     } else {
         None

@@ -5,6 +5,7 @@
 //!   thread pool shared by tract's matmuls and attnrt's kernel ([`Threads`]).
 //! - [`attention`]: attnrt's parser for the ONNX `Attention` op (opsets 23 and 24), replacing
 //!   tract's, so every `Attention` node runs on `attnrt_kernels`.
+//! - [`projection`]: `MatMul` by a constant weight (the projections) on the `gemm` crate.
 //! - [`io`]: declared inputs, `.npy`/`.npz` inputs, seeded random inputs, `.npz` outputs.
 //! - [`diff`]: per-output comparison under `|a − b| ≤ atol + rtol·|b|`.
 //! - [`bench`]: warm-up, repetitions, median and spread.
@@ -13,6 +14,7 @@ pub mod attention;
 pub mod bench;
 pub mod diff;
 pub mod io;
+pub mod projection;
 pub mod session;
 
 pub use bench::{time_session, Timing};
@@ -22,7 +24,8 @@ pub use io::{
     DeclaredDim, DeclaredInput, DimBinding, InputOptions, NamedTensor, PreparedInputs,
     TensorSummary,
 };
-pub use session::{onnx_frontend, panic_is_guarded, Session, Threads};
+pub use projection::Backend;
+pub use session::{onnx_frontend, onnx_frontend_with, panic_is_guarded, Session, Threads};
 /// tract's tensor type, used for every input and output value.
 pub use tract_onnx::prelude::{DatumType, Tensor};
 
@@ -42,15 +45,17 @@ pub struct RunResult {
     pub run_ms: f64,
 }
 
-/// Builds a session for `model` and runs it once on `inputs`.
+/// Builds a session for `model` (constant-weight matmuls on `backend`) and runs it once on
+/// `inputs`.
 pub fn run_once(
     model: &ModelProto,
     inputs: &[NamedTensor],
     threads: &Threads,
     what: &str,
+    backend: Backend,
 ) -> Result<RunResult> {
     let t = Instant::now();
-    let session = Session::build(model, inputs, threads, what)?;
+    let session = Session::build_with(model, inputs, threads, what, backend)?;
     let build_ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
     let outputs = session.run(inputs)?;

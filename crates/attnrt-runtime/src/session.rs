@@ -13,6 +13,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_core::runtime::RunOptions;
 
 use crate::io::NamedTensor;
+use crate::projection::Backend;
 
 /// The threads a session runs on: one rayon pool, used by tract's matmuls (through tract-linalg's
 /// executor) and by attnrt's attention kernel (through `pool.install`).
@@ -63,10 +64,17 @@ impl Threads {
     }
 }
 
-/// The ONNX front-end of tract with attnrt's `Attention` parser in place of tract's.
+/// The ONNX front-end of tract with attnrt's `Attention` parser in place of tract's, and
+/// constant-weight `MatMul`s on attnrt's projection op ([`Backend::Attnrt`]).
 pub fn onnx_frontend() -> tract_onnx::Onnx {
+    onnx_frontend_with(Backend::default())
+}
+
+/// [`onnx_frontend`] with the projections on `backend`.
+pub fn onnx_frontend_with(backend: Backend) -> tract_onnx::Onnx {
     let mut onnx = tract_onnx::onnx();
     crate::attention::register(&mut onnx.op_register);
+    crate::projection::register(&mut onnx.op_register, backend);
     onnx
 }
 
@@ -215,6 +223,18 @@ impl Session {
         threads: &Threads,
         what: &str,
     ) -> Result<Session> {
+        Session::build_with(model, inputs, threads, what, Backend::default())
+    }
+
+    /// [`Session::build`] with constant-weight `MatMul`s on `backend` ([`Backend::Tract`] runs
+    /// the graph as plain tract-onnx would, apart from `Attention`).
+    pub fn build_with(
+        model: &ModelProto,
+        inputs: &[NamedTensor],
+        threads: &Threads,
+        what: &str,
+        backend: Backend,
+    ) -> Result<Session> {
         attnrt_onnx::validate_model(model).with_context(|| format!("{what}: invalid model"))?;
         let bytes = model.encode_to_vec();
         let mut proto = tract_onnx::pb::ModelProto::decode(bytes.as_slice())
@@ -224,7 +244,7 @@ impl Session {
         if let Some(g) = proto.graph.as_mut() {
             scalar_pad_values(g);
         }
-        let frontend = onnx_frontend();
+        let frontend = onnx_frontend_with(backend);
         threads.install(|| {
             guarded(what, || {
                 let parsed = frontend
@@ -285,6 +305,17 @@ impl Session {
                 })
             })
         })
+    }
+
+    /// Op names of the optimized graph's nodes, in plan order (e.g. `AttnrtAttention`,
+    /// `AttnrtProjection`): what actually runs.
+    pub fn op_names(&self) -> Vec<String> {
+        self.plan
+            .model()
+            .nodes()
+            .iter()
+            .map(|n| n.op().name().to_string())
+            .collect()
     }
 
     /// Names of the graph inputs, in order.
