@@ -3,7 +3,8 @@
 //! * `kernel_vs_reference`: the flash kernel against the naive f64 reference at small L.
 //! * `kernel/<isa>/t<threads>/L<len>`: the kernel alone, B=1, H=12, D=64, L ∈ {128, 512, 2048,
 //!   4096}, every ISA path of this CPU (the portable path only up to L=512: it is slow), 1 and 2
-//!   threads for the best path, plus causal and two padding-mask layouts at L=2048.
+//!   threads for the best path, plus causal and three padding-mask cases at L=2048 (one row; the
+//!   same row widened to `[1, 1, L, L]`; an `[1, 1, L, L]` mask whose rows differ).
 //!
 //! Throughput is reported as elements = flops (4·B·H·Lq·Lk·D, dense count even for causal), so
 //! criterion's "elem/s" reads as flop/s; a `GFLOP/s` summary table is printed at the end.
@@ -22,13 +23,18 @@ enum Variant {
     Causal,
     /// An additive padding mask (last 7 keys −10000), one row `[1, 1, 1, L]` for every query.
     MaskRow,
-    /// The same mask widened to `[1, 1, L, L]` (as models that expand their mask pass it).
+    /// The same mask widened to `[1, 1, L, L]` (as models that expand their mask pass it): the
+    /// kernel finds the rows equal and reads it as `MaskRow`.
     MaskFull,
+    /// A `[1, 1, L, L]` mask whose rows differ (query `i` loses its last `7 + i % 3` keys): read
+    /// as an `L×L` block, transposed per head.
+    MaskVarying,
 }
 
 struct Problem {
     mask_row: Vec<f32>,
     mask_full: Vec<f32>,
+    mask_varying: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -50,6 +56,9 @@ impl Problem {
         Problem {
             mask_row: (0..len).map(pad).collect(),
             mask_full: (0..len * len).map(|i| pad(i % len)).collect(),
+            mask_varying: (0..len * len)
+                .map(|i| pad(i % len + (i / len) % 3))
+                .collect(),
             q: fill(0.1),
             k: fill(0.2),
             v: fill(0.3),
@@ -82,6 +91,9 @@ impl Problem {
             }
             Variant::MaskFull => {
                 Mask::Additive(View4::contiguous(&self.mask_full, [1, 1, l, l]).unwrap())
+            }
+            Variant::MaskVarying => {
+                Mask::Additive(View4::contiguous(&self.mask_varying, [1, 1, l, l]).unwrap())
             }
             Variant::Dense | Variant::Causal => Mask::None,
         };
@@ -204,10 +216,12 @@ fn benches(c: &mut Criterion) {
             false,
         );
     }
-    // Padding masks at L=2048: one row for all queries, and the same widened to [1, 1, L, L].
+    // Padding masks at L=2048: one row for all queries, the same widened to [1, 1, L, L], and
+    // an [1, 1, L, L] mask whose rows differ.
     for (name, variant) in [
         ("mask-row", Variant::MaskRow),
         ("mask-full", Variant::MaskFull),
+        ("mask-varying", Variant::MaskVarying),
     ] {
         bench_case(
             c,

@@ -350,6 +350,72 @@ fn long_tasks_with_many_query_blocks_match_the_reference() {
     }
 }
 
+/// Masks stored as `[B, 1, Lq, Lk]` whose query rows are all equal within each batch (a row mask
+/// widened, as exports and attnrt's fusion pass them) are read as row masks; masks that differ in
+/// a single element of one late row (last batch, last query, last key; or -0.0 against 0.0) must
+/// not be. Every variant against the reference, additive and boolean, with the key axis
+/// contiguous and with stride 2.
+#[test]
+fn masks_with_equal_query_rows_and_near_misses_match_the_reference() {
+    let (b, h, lq, lk, d) = (2, 3, 70, 45, 16);
+    let row = |bb: usize, j: usize| ((bb * 31 + j * 7) % 11) as f32 - 5.0;
+    let widened: Vec<f32> = (0..b * lq * lk)
+        .map(|i| row(i / (lq * lk), i % lk))
+        .collect();
+    let last = b * lq * lk - 1;
+    let mut late = widened.clone();
+    late[last] += 3.0;
+    let mut signed_zero = vec![0.0f32; b * lq * lk];
+    signed_zero[(lq - 1) * lk + 3] = -0.0;
+    // Every other float: the key axis with stride 2.
+    let spread: Vec<f32> = late.iter().flat_map(|&x| [x, f32::NAN]).collect();
+    let bools: Vec<bool> = (0..b * lq * lk)
+        .map(|i| (i % lk) % 4 != (i / (lq * lk)))
+        .collect();
+    let mut bools_late = bools.clone();
+    bools_late[last] = !bools_late[last];
+    let dims = [b, 1, lq, lk];
+    let strided = [(lq * lk * 2) as isize, 0, (lk * 2) as isize, 2];
+    let masks = [
+        (
+            "widened",
+            Mask::Additive(View4::contiguous(&widened, dims).unwrap()),
+        ),
+        (
+            "late row differs",
+            Mask::Additive(View4::contiguous(&late, dims).unwrap()),
+        ),
+        (
+            "-0.0 in one row",
+            Mask::Additive(View4::contiguous(&signed_zero, dims).unwrap()),
+        ),
+        (
+            "strided keys, late row differs",
+            Mask::Additive(View4::new(&spread, dims, strided).unwrap()),
+        ),
+        (
+            "bool widened",
+            Mask::Boolean(View4::contiguous(&bools, dims).unwrap()),
+        ),
+        (
+            "bool late row differs",
+            Mask::Boolean(View4::contiguous(&bools_late, dims).unwrap()),
+        ),
+    ];
+    for (name, mask) in &masks {
+        let results = run_all([b, h, h, lq, lk, d], mask, &AttentionParams::new(0.25));
+        let want = &results[0].1;
+        for (who, got) in &results[1..] {
+            let worst = want
+                .iter()
+                .zip(got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(worst < 1e-5, "{who}, mask {name}: max |Δ| {worst}");
+        }
+    }
+}
+
 /// Every tensor with a head-dim stride of 2 (every other float): the kernel's strided paths
 /// (gathered Qᵀ packing, element-wise K/V packing and output scatter) against the reference.
 #[test]
