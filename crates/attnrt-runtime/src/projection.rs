@@ -10,6 +10,14 @@
 //! tract's own. The constant-weight test is made when the graph is typed, so it sees
 //! initializers, not weights computed by nodes (those stay on tract).
 //!
+//! `Gemm` (what `nn.Linear` on 2-D inputs and GPT-2's `Conv1D` export to) is replaced the same
+//! way: `Y = alpha·A·B' + beta·C` with `transA = 0`, a constant f32 `B` (`B' = Bᵀ` when
+//! `transB = 1`, transposed once when the graph is built) and `C` absent or a constant that
+//! broadcasts along rows (`[]`, `[1]`, `[N]`, `[1, 1]`, `[1, N]`) runs as [`ProjectionOp`], with
+//! `beta·C` written into the output before the product is accumulated onto it. Any other `Gemm`
+//! is wired as a tract `MatMul` (with its transpose flags) followed by the `alpha` and `beta·C`
+//! terms.
+//!
 //! The op is exact in the sense of any f32 matmul: the same products summed in another order,
 //! so results differ from tract's by rounding only (the fused-vs-unfused diff of `attnrt run`
 //! compares two graphs that both use it).
@@ -31,13 +39,33 @@ pub enum Backend {
     Tract,
 }
 
-/// Registers attnrt's `MatMul` parser (replacing tract's) when `backend` is [`Backend::Attnrt`].
+/// Registers attnrt's `MatMul` and `Gemm` parsers (replacing tract's) when `backend` is
+/// [`Backend::Attnrt`].
 pub fn register(ops: &mut OnnxOpRegister, backend: Backend) {
     if backend == Backend::Attnrt {
         ops.insert("MatMul", |_, node| {
             Ok((
                 expand(ProjectionMatMul {
                     node: node.name.clone(),
+                }),
+                vec![],
+            ))
+        });
+        ops.insert("Gemm", |_, node| {
+            let flag = |name: &str| -> TractResult<bool> {
+                match node.get_attr_opt::<i64>(name)?.unwrap_or(0) {
+                    0 => Ok(false),
+                    1 => Ok(true),
+                    v => bail!("Gemm node '{}': {name} = {v}, must be 0 or 1", node.name),
+                }
+            };
+            Ok((
+                expand(ProjectionGemm {
+                    node: node.name.clone(),
+                    alpha: node.get_attr_opt::<f32>("alpha")?.unwrap_or(1.0),
+                    beta: node.get_attr_opt::<f32>("beta")?.unwrap_or(1.0),
+                    trans_a: flag("transA")?,
+                    trans_b: flag("transB")?,
                 }),
                 vec![],
             ))
@@ -82,7 +110,7 @@ impl Expansion for ProjectionMatMul {
         if inputs.len() == 2 {
             let a = model.outlet_fact(inputs[0])?;
             let b = model.outlet_fact(inputs[1])?;
-            if let Some(op) = ProjectionOp::for_facts(&self.node, a, b)? {
+            if let Some(op) = ProjectionOp::for_facts(&self.node, a, b, false) {
                 return model.wire_node(prefix, op, &inputs[..1]);
             }
         }
@@ -90,39 +118,195 @@ impl Expansion for ProjectionMatMul {
     }
 }
 
-/// `y = x · W` for `x: [..., K]` f32 and a constant `W: [K, N]` f32, row-major: `y: [..., N]`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// The parsed `Gemm`: `Y = alpha·A'·B' + beta·C` (`A' = Aᵀ` if `trans_a`, `B' = Bᵀ` if `trans_b`).
+#[derive(Debug, Clone, PartialEq)]
+struct ProjectionGemm {
+    node: String,
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+}
+
+impl Expansion for ProjectionGemm {
+    fn name(&self) -> StaticName {
+        "AttnrtGemm".into()
+    }
+
+    fn rules<'r, 'p: 'r, 's: 'r>(
+        &'s self,
+        s: &mut Solver<'r>,
+        inputs: &'p [TensorProxy],
+        outputs: &'p [TensorProxy],
+    ) -> InferenceResult {
+        if !(2..=3).contains(&inputs.len()) {
+            bail!(
+                "Gemm node '{}' has {} inputs, needs A, B and an optional C",
+                self.node,
+                inputs.len()
+            );
+        }
+        check_output_arity(outputs, 1)?;
+        // A [M, K] (or [K, M]), B [K, N] (or [N, K]), Y [M, N]; C broadcasts to Y (checked by
+        // the `Add` it becomes, or by `ProjectionOp::for_gemm`).
+        let (m_axis, k_axis) = if self.trans_a { (1, 0) } else { (0, 1) };
+        let (kb_axis, n_axis) = if self.trans_b { (1, 0) } else { (0, 1) };
+        s.equals(&inputs[0].rank, 2)?;
+        s.equals(&inputs[1].rank, 2)?;
+        s.equals(&outputs[0].rank, 2)?;
+        s.equals(&inputs[0].datum_type, &outputs[0].datum_type)?;
+        s.equals(&inputs[1].datum_type, &outputs[0].datum_type)?;
+        s.equals(&inputs[0].shape[m_axis], &outputs[0].shape[0])?;
+        s.equals(&inputs[0].shape[k_axis], &inputs[1].shape[kb_axis])?;
+        s.equals(&inputs[1].shape[n_axis], &outputs[0].shape[1])?;
+        if inputs.len() == 3 {
+            s.equals(&inputs[2].datum_type, &outputs[0].datum_type)?;
+        }
+        Ok(())
+    }
+
+    fn wire(
+        &self,
+        prefix: &str,
+        model: &mut TypedModel,
+        inputs: &[OutletId],
+    ) -> TractResult<TVec<OutletId>> {
+        let c = if self.beta == 0.0 {
+            None
+        } else {
+            inputs.get(2).copied()
+        };
+        if !self.trans_a {
+            let a = model.outlet_fact(inputs[0])?;
+            let b = model.outlet_fact(inputs[1])?;
+            let c_fact = c.map(|c| model.outlet_fact(c)).transpose()?;
+            if let Some(op) = ProjectionOp::for_gemm(self, a, b, c_fact)? {
+                return model.wire_node(prefix, op, &inputs[..1]);
+            }
+        }
+        // tract's matmul, then `alpha·` and `+ beta·C` as element-wise nodes.
+        let matmul = MatMulInference {
+            a_trans: self.trans_a,
+            b_trans: self.trans_b,
+            c_trans: false,
+        };
+        let mut y = matmul.wire(&format!("{prefix}.ab"), model, &inputs[..2])?[0];
+        let dt = model.outlet_fact(y)?.datum_type;
+        if self.alpha != 1.0 {
+            let alpha = tensor0(self.alpha).cast_to_dt(dt)?.into_owned();
+            let alpha =
+                model.add_const(format!("{prefix}.alpha"), alpha.broadcast_into_rank(2)?)?;
+            y = model.wire_node(
+                format!("{prefix}.alpha_ab"),
+                tract_onnx::tract_hir::ops::math::mul(),
+                &[y, alpha],
+            )?[0];
+        }
+        if let Some(mut c) = c {
+            while model.outlet_fact(c)?.rank() < 2 {
+                let r = model.outlet_fact(c)?.rank();
+                c = model.wire_node(format!("{prefix}.c_axis{r}"), AxisOp::Add(0), &[c])?[0];
+            }
+            if self.beta != 1.0 {
+                let beta = tensor0(self.beta).cast_to_dt(dt)?.into_owned();
+                let beta =
+                    model.add_const(format!("{prefix}.beta"), beta.broadcast_into_rank(2)?)?;
+                c = model.wire_node(
+                    format!("{prefix}.beta_c"),
+                    tract_onnx::tract_hir::ops::math::mul(),
+                    &[c, beta],
+                )?[0];
+            }
+            y = model.wire_node(prefix, tract_onnx::tract_hir::ops::math::add(), &[y, c])?[0];
+        }
+        Ok(tvec!(y))
+    }
+}
+
+/// `y = alpha · x · W (+ bias)` for `x: [..., K]` f32, a constant `W: [K, N]` f32 and an optional
+/// bias row `[N]` (`Gemm`'s `beta·C`), row-major: `y: [..., N]`.
+#[derive(Debug, Clone)]
 pub struct ProjectionOp {
     /// ONNX node name, for errors.
     pub node: String,
     /// The weight, `[K, N]`, contiguous f32.
     pub weight: Arc<Tensor>,
+    /// Scale of the product (`Gemm`'s `alpha`; 1 for `MatMul`).
+    pub alpha: f32,
+    /// Added to every output row (`Gemm`'s `beta·C`), `[N]` f32.
+    pub bias: Option<Arc<Tensor>>,
 }
 
 impl ProjectionOp {
-    /// The op for a `MatMul` with input facts `a` and `b`, or `None` when the node is not a
-    /// projection attnrt runs (the caller wires tract's matmul then).
-    fn for_facts(node: &str, a: &TypedFact, b: &TypedFact) -> TractResult<Option<ProjectionOp>> {
-        let Some(w) = b.konst.as_ref() else {
-            return Ok(None);
-        };
+    /// The op for a `MatMul` with input facts `a` and `b` (`b` transposed when `trans_b`), or
+    /// `None` when the node is not a projection attnrt runs (the caller wires tract's matmul).
+    fn for_facts(node: &str, a: &TypedFact, b: &TypedFact, trans_b: bool) -> Option<ProjectionOp> {
+        let w = b.konst.as_ref()?;
         if a.datum_type != DatumType::F32
             || w.datum_type() != DatumType::F32
             || w.rank() != 2
             || a.rank() < 2
             || !w.is_plain_ram()
         {
+            return None;
+        }
+        let k = w.shape()[usize::from(trans_b)];
+        if a.shape.last().and_then(|d| d.to_usize().ok()) != Some(k) {
+            return None;
+        }
+        let weight = if trans_b {
+            // Transposed once here: a contiguous [K, N] copy.
+            w.clone()
+                .into_tensor()
+                .permute_axes(&[1, 0])
+                .ok()?
+                .into_arc_tensor()
+        } else {
+            w.clone()
+        };
+        Some(ProjectionOp {
+            node: node.to_string(),
+            weight,
+            alpha: 1.0,
+            bias: None,
+        })
+    }
+
+    /// The op for a `Gemm` without `transA`, or `None` (tract's path). `c` is the fact of `C`
+    /// when it is present and `beta ≠ 0`.
+    fn for_gemm(
+        g: &ProjectionGemm,
+        a: &TypedFact,
+        b: &TypedFact,
+        c: Option<&TypedFact>,
+    ) -> TractResult<Option<ProjectionOp>> {
+        let Some(mut op) = Self::for_facts(&g.node, a, b, g.trans_b) else {
+            return Ok(None);
+        };
+        if a.rank() != 2 {
             return Ok(None);
         }
-        let k = w.shape()[0];
-        match a.shape.last().and_then(|d| d.to_usize().ok()) {
-            Some(ak) if ak == k => {}
-            _ => return Ok(None),
+        op.alpha = g.alpha;
+        if let Some(c) = c {
+            let n = op.n();
+            let Some(ct) = c.konst.as_ref() else {
+                return Ok(None);
+            };
+            // Row-broadcast shapes only: [], [1], [N], [1, 1], [1, N].
+            let dims = ct.shape();
+            let row_broadcast = dims.len() <= 2
+                && dims.iter().rev().skip(1).all(|&d| d == 1)
+                && dims.last().is_none_or(|&d| d == 1 || d == n);
+            if ct.datum_type() != DatumType::F32 || !ct.is_plain_ram() || !row_broadcast {
+                return Ok(None);
+            }
+            let vals = ct.try_as_plain_ram()?.as_slice::<f32>()?;
+            let row: Vec<f32> = (0..n)
+                .map(|j| g.beta * vals[if vals.len() == 1 { 0 } else { j }])
+                .collect();
+            op.bias = Some(tensor1(&row).into_arc_tensor());
         }
-        Ok(Some(ProjectionOp {
-            node: node.to_string(),
-            weight: w.clone(),
-        }))
+        Ok(Some(op))
     }
 
     fn k(&self) -> usize {
@@ -134,6 +318,19 @@ impl ProjectionOp {
     }
 }
 
+// tract compares ops for equality (`DynEq`); `alpha` is compared by its bits so that equality is
+// total.
+impl PartialEq for ProjectionOp {
+    fn eq(&self, other: &Self) -> bool {
+        self.node == other.node
+            && self.weight == other.weight
+            && self.alpha.to_bits() == other.alpha.to_bits()
+            && self.bias == other.bias
+    }
+}
+
+impl Eq for ProjectionOp {}
+
 impl Op for ProjectionOp {
     fn name(&self) -> StaticName {
         "AttnrtProjection".into()
@@ -141,11 +338,17 @@ impl Op for ProjectionOp {
 
     fn info(&self) -> TractResult<Vec<String>> {
         Ok(vec![format!(
-            "node {}: x[..,{}] · W[{}, {}] on gemm",
+            "node {}: {}x[..,{}] · W[{}, {}]{} on gemm",
             self.node,
+            if self.alpha == 1.0 {
+                String::new()
+            } else {
+                format!("{} · ", self.alpha)
+            },
             self.k(),
             self.k(),
-            self.n()
+            self.n(),
+            if self.bias.is_some() { " + bias" } else { "" }
         )])
     }
 
@@ -156,7 +359,7 @@ impl EvalOp for ProjectionOp {
     op_out_of_plan!();
 
     fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        let ctx = || format!("MatMul node '{}'", self.node);
+        let ctx = || format!("node '{}'", self.node);
         let x = &inputs[0];
         let (k, n) = (self.k(), self.n());
         let shape = x.shape();
@@ -177,28 +380,50 @@ impl EvalOp for ProjectionOp {
             .try_as_plain_ram()?
             .as_slice::<f32>()
             .with_context(ctx)?;
-        // Every element is written by the gemm below (read_dst = false).
+        let bias = match &self.bias {
+            Some(b) => Some(b.try_as_plain_ram()?.as_slice::<f32>().with_context(ctx)?),
+            None => None,
+        };
+        // Every element is written by `project` (the bias rows, or the product alone).
         let mut y = unsafe { Tensor::uninitialized::<f32>(&out_shape)? };
         {
             let ys = y
                 .to_plain_array_view_mut::<f32>()?
                 .into_slice()
                 .context("an output tensor is not contiguous")?;
-            project(xs, ws, ys, m, k, n);
+            project(xs, ws, ys, m, k, n, self.alpha, bias);
         }
         Ok(tvec!(y.into_tvalue()))
     }
 }
 
-/// `y[m×n] = x[m×k] · w[k×n]`, all row-major and contiguous, on the threads of the current
-/// rayon pool (the session's: `Session::run` runs inside it).
-pub fn project(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: usize) {
+/// `y[m×n] = alpha · x[m×k] · w[k×n] (+ bias[n] on every row)`, all row-major and contiguous, on
+/// the threads of the current rayon pool (the session's: `Session::run` runs inside it).
+#[allow(clippy::too_many_arguments)]
+pub fn project(
+    x: &[f32],
+    w: &[f32],
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    bias: Option<&[f32]>,
+) {
     assert!(x.len() == m * k && w.len() == k * n && y.len() == m * n);
+    assert!(bias.is_none_or(|b| b.len() == n));
     if m == 0 || n == 0 {
         return;
     }
+    if let Some(b) = bias {
+        for row in y.chunks_exact_mut(n) {
+            row.copy_from_slice(b);
+        }
+    }
     if k == 0 {
-        y.fill(0.0);
+        if bias.is_none() {
+            y.fill(0.0);
+        }
         return;
     }
     let threads = rayon::current_num_threads();
@@ -208,7 +433,8 @@ pub fn project(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: usize
         gemm::Parallelism::None
     };
     // SAFETY: the three slices have the lengths asserted above, strides describe row-major
-    // m×k, k×n and m×n matrices inside them, and `y` is borrowed mutably (no aliasing).
+    // m×k, k×n and m×n matrices inside them, and `y` is borrowed mutably (no aliasing). With
+    // `read_dst` the gemm computes `1·y + alpha·x·w`, so `y` must be initialized: it is (bias).
     unsafe {
         gemm::gemm(
             m,
@@ -217,15 +443,15 @@ pub fn project(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: usize
             y.as_mut_ptr(),
             1,
             n as isize,
-            false,
+            bias.is_some(),
             x.as_ptr(),
             1,
             k as isize,
             w.as_ptr(),
             1,
             n as isize,
-            0.0f32,
             1.0f32,
+            alpha,
             false,
             false,
             false,
@@ -254,15 +480,7 @@ impl TypedOp for ProjectionOp {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                let h = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8;
-                (h % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
+    use attnrt_testkit::seeded_values as values;
 
     fn naive(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
         let mut y = vec![0f64; m * n];
@@ -297,9 +515,9 @@ mod tests {
             for threaded in [false, true] {
                 let mut y = vec![f32::NAN; m * n];
                 if threaded {
-                    pool.install(|| project(&x, &w, &mut y, m, k, n));
+                    pool.install(|| project(&x, &w, &mut y, m, k, n, 1.0, None));
                 } else {
-                    project(&x, &w, &mut y, m, k, n);
+                    project(&x, &w, &mut y, m, k, n, 1.0, None);
                 }
                 for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
                     let tol = 1e-5 * (k as f64).max(1.0);

@@ -1,18 +1,11 @@
-//! `MatMul` by a constant weight runs on attnrt's projection op (`Backend::Attnrt`), every other
-//! `MatMul` on tract's, and both backends give the same numbers.
+//! `MatMul` and `Gemm` by a constant weight run on attnrt's projection op (`Backend::Attnrt`),
+//! every other `MatMul`/`Gemm` on tract's, and both backends give the same numbers.
 
 use attnrt_onnx::{DataType, ModelProto};
 use attnrt_runtime::{Backend, NamedTensor, Session, Tensor, Threads};
-use attnrt_testkit::{model, node, tensor_f32, value_info, GraphBuilder};
-
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            let h = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8;
-            (h % 2001) as f32 / 1000.0 - 1.0
-        })
-        .collect()
-}
+use attnrt_testkit::{
+    model, node, node_with_attrs, seeded_values as values, tensor_f32, value_info, GraphBuilder,
+};
 
 fn input(name: &str, shape: &[usize], seed: u32) -> NamedTensor {
     let n = shape.iter().product();
@@ -135,5 +128,110 @@ fn a_transposed_constant_weight_gives_the_same_numbers() {
     assert_eq!(a.len(), 45);
     for (x, y) in a.iter().zip(&t) {
         assert!((x - y).abs() <= 1e-5 + 1e-5 * y.abs());
+    }
+}
+
+/// How `Gemm`'s `C` is given in [`gemm_model`].
+#[derive(Clone, Copy, Debug)]
+enum GemmC {
+    None,
+    /// An initializer of these dims.
+    Const(&'static [i64]),
+    /// A graph input `c` of these dims.
+    Input(&'static [i64]),
+}
+
+/// `y = Gemm(x, w, C)` with x: `[m, k]` (`[k, m]` when `trans_a`), w: `[k, n]` (`[n, k]` when
+/// `trans_b`).
+fn gemm_model(
+    m: i64,
+    k: i64,
+    n: i64,
+    flags: (bool, bool),
+    alpha: f32,
+    beta: f32,
+    c: GemmC,
+) -> ModelProto {
+    let (trans_a, trans_b) = flags;
+    let mut g = GraphBuilder::new("gemm");
+    let x_dims = if trans_a { [k, m] } else { [m, k] };
+    g.input(value_info("x", DataType::Float, &x_dims));
+    let w_dims = if trans_b { [n, k] } else { [k, n] };
+    g.initializer(tensor_f32("w", &w_dims, &values((k * n) as usize, 7)));
+    let mut inputs = vec!["x", "w"];
+    match c {
+        GemmC::None => {}
+        GemmC::Const(dims) => {
+            let len = dims.iter().product::<i64>() as usize;
+            g.initializer(tensor_f32("c", dims, &values(len, 11)));
+            inputs.push("c");
+        }
+        GemmC::Input(dims) => {
+            g.input(value_info("c", DataType::Float, dims));
+            inputs.push("c");
+        }
+    }
+    g.node(node_with_attrs(
+        "gemm",
+        "Gemm",
+        &inputs,
+        &["y"],
+        vec![
+            attnrt_onnx::attr::make_float("alpha", alpha),
+            attnrt_onnx::attr::make_float("beta", beta),
+            attnrt_onnx::attr::make_int("transA", trans_a as i64),
+            attnrt_onnx::attr::make_int("transB", trans_b as i64),
+        ],
+    ));
+    g.output(value_info("y", DataType::Float, &["?"; 0]));
+    model(g.finish(), 13)
+}
+
+fn gemm_inputs(m: usize, k: usize, trans_a: bool, c: GemmC) -> Vec<NamedTensor> {
+    let x_shape = if trans_a { [k, m] } else { [m, k] };
+    let mut v = vec![input("x", &x_shape, 1)];
+    if let GemmC::Input(dims) = c {
+        let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+        v.push(input("c", &shape, 5));
+    }
+    v
+}
+
+#[test]
+fn gemm_with_a_constant_weight_runs_on_the_projection_op_and_agrees_with_tract() {
+    let (m, k, n) = (37, 48, 20);
+    // (transB, alpha, beta, C): nn.Linear / Conv1D forms, scales, and every row-broadcast C.
+    for (trans_b, alpha, beta, c) in [
+        (true, 1.0, 1.0, GemmC::Const(&[20])),
+        (false, 1.0, 1.0, GemmC::Const(&[20])),
+        (false, 0.5, 2.0, GemmC::Const(&[1, 20])),
+        (true, 1.0, -1.5, GemmC::Const(&[1])),
+        (false, 2.0, 1.0, GemmC::Const(&[])),
+        (true, 1.0, 1.0, GemmC::Const(&[1, 1])),
+        (false, 1.0, 1.0, GemmC::None),
+        // beta = 0: C is ignored, whatever it is.
+        (true, 1.0, 0.0, GemmC::Input(&[37, 20])),
+    ] {
+        let model = gemm_model(m, k, n, (false, trans_b), alpha, beta, c);
+        let inputs = gemm_inputs(m as usize, k as usize, false, c);
+        check(&model, &inputs, true);
+    }
+}
+
+#[test]
+fn other_gemms_stay_on_tract_and_agree() {
+    let (m, k, n) = (9, 16, 12);
+    for (trans_a, trans_b, c) in [
+        // Aᵀ.
+        (true, false, GemmC::Const(&[12])),
+        (true, true, GemmC::None),
+        // A C that varies along rows, constant or not.
+        (false, true, GemmC::Const(&[9, 12])),
+        (false, false, GemmC::Const(&[9, 1])),
+        (false, false, GemmC::Input(&[12])),
+    ] {
+        let model = gemm_model(m, k, n, (trans_a, trans_b), 0.75, 1.25, c);
+        let inputs = gemm_inputs(m as usize, k as usize, trans_a, c);
+        check(&model, &inputs, false);
     }
 }

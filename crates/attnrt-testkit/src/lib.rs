@@ -256,6 +256,17 @@ pub fn npy_bytes(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
     out
 }
 
+/// `n` deterministic values in `[-1, 1]` (steps of 0.001) from a multiplicative hash of the index
+/// and `seed`: test data that differs per seed and needs no RNG crate.
+pub fn seeded_values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let h = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8;
+            (h % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
