@@ -466,14 +466,73 @@ impl TypedOp for ProjectionOp {
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
         let a = inputs[0];
         if a.datum_type != DatumType::F32 {
-            bail!("MatMul node '{}': input A is {:?}", self.node, a.datum_type);
+            bail!("node '{}': input A is {:?}", self.node, a.datum_type);
         }
         let mut shape: TVec<TDim> = a.shape.iter().cloned().collect();
         match shape.last_mut() {
             Some(last) => *last = self.n().into(),
-            None => bail!("MatMul node '{}': input A is a scalar", self.node),
+            None => bail!("node '{}': input A is a scalar", self.node),
         }
         Ok(tvec!(f32::fact(shape)))
+    }
+
+    /// Folds the bias `Add` that follows a projection (`x·W + b`, how `nn.Linear` exports on 3-D
+    /// inputs) into the op: the bias is written into the output before the product accumulates
+    /// onto it, which saves a pass over the output. Only when this op has no bias yet, the `Add`
+    /// is its only consumer, and the other operand is a constant f32 that varies along the last
+    /// axis alone (so the `Add` does not broadcast the output any wider).
+    fn declutter(
+        &self,
+        model: &TypedModel,
+        node: &TypedNode,
+    ) -> TractResult<Option<TypedModelPatch>> {
+        if self.bias.is_some() || node.outputs[0].successors.len() != 1 {
+            return Ok(None);
+        }
+        let here = OutletId::new(node.id, 0);
+        if model.output_outlets()?.contains(&here) {
+            return Ok(None);
+        }
+        let next = model.node(node.outputs[0].successors[0].node);
+        let is_add = next
+            .op_as::<tract_onnx::tract_core::ops::binary::TypedBinOp>()
+            .is_some_and(|b| b.0.is::<tract_onnx::tract_core::ops::math::Add>() && b.1.is_none());
+        if !is_add || next.inputs.len() != 2 {
+            return Ok(None);
+        }
+        let other = if next.inputs[0] == here {
+            next.inputs[1]
+        } else {
+            next.inputs[0]
+        };
+        if other == here {
+            return Ok(None);
+        }
+        let (y_fact, b_fact) = (model.outlet_fact(here)?, model.outlet_fact(other)?);
+        let Some(b) = b_fact.konst.as_ref() else {
+            return Ok(None);
+        };
+        let n = self.n();
+        let dims = b.shape();
+        let row_only = b.datum_type() == DatumType::F32
+            && b.is_plain_ram()
+            && dims.len() <= y_fact.rank()
+            && dims.iter().rev().skip(1).all(|&d| d == 1)
+            && dims.last() == Some(&n)
+            && model.outlet_fact(OutletId::new(next.id, 0))?.shape == y_fact.shape;
+        if !row_only {
+            return Ok(None);
+        }
+        let row = b.try_as_plain_ram()?.as_slice::<f32>()?.to_vec();
+        let op = ProjectionOp {
+            bias: Some(tensor1(&row).into_arc_tensor()),
+            ..self.clone()
+        };
+        let mut patch = TypedModelPatch::default();
+        let x = patch.tap_model(model, node.inputs[0])?;
+        let y = patch.wire_node(&next.name, op, &[x])?[0];
+        patch.shunt_outside(model, OutletId::new(next.id, 0), y)?;
+        Ok(Some(patch))
     }
 }
 

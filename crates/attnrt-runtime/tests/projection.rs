@@ -235,3 +235,78 @@ fn other_gemms_stay_on_tract_and_agree() {
         check(&model, &inputs, false);
     }
 }
+
+/// `y = x · w + b` (`b` an initializer of `b_dims`, or a graph input), and optionally a second
+/// consumer of `x · w` (`z = Relu(x · w)`, also an output).
+fn matmul_add_model(
+    x_dims: &[i64],
+    n: i64,
+    b_dims: Option<&[i64]>,
+    bias_first: bool,
+    shared: bool,
+) -> ModelProto {
+    let mut g = GraphBuilder::new("mm_add");
+    g.input(value_info("x", DataType::Float, x_dims));
+    let k = x_dims[x_dims.len() - 1];
+    g.initializer(tensor_f32("w", &[k, n], &values((k * n) as usize, 7)));
+    match b_dims {
+        Some(dims) => {
+            let len = dims.iter().product::<i64>() as usize;
+            g.initializer(tensor_f32("b", dims, &values(len, 13)));
+        }
+        None => {
+            g.input(value_info("b", DataType::Float, &[n]));
+        }
+    }
+    g.node(node("mm", "MatMul", &["x", "w"], &["xw"]));
+    let add_inputs = if bias_first { ["b", "xw"] } else { ["xw", "b"] };
+    g.node(node("add", "Add", &add_inputs, &["y"]));
+    g.output(value_info("y", DataType::Float, &["?"; 0]));
+    if shared {
+        g.node(node("relu", "Relu", &["xw"], &["z"]));
+        g.output(value_info("z", DataType::Float, &["?"; 0]));
+    }
+    model(g.finish(), 17)
+}
+
+#[test]
+fn a_constant_bias_add_folds_into_the_projection_only_when_exact() {
+    let x = [2i64, 37, 48];
+    let xs = [2usize, 37, 48];
+    // (bias dims or graph input, bias first, second consumer, folded)
+    let cases: [(Option<&[i64]>, bool, bool, bool); 7] = [
+        (Some(&[20]), false, false, true),
+        (Some(&[20]), true, false, true),
+        (Some(&[1, 1, 20]), false, false, true),
+        // Varies along rows, or widens the output: kept as an Add.
+        (Some(&[37, 20]), false, false, false),
+        (Some(&[3, 1, 1, 20]), false, false, false),
+        // Not a constant; or `x · w` is needed without the bias too.
+        (None, false, false, false),
+        (Some(&[20]), false, true, false),
+    ];
+    for (b_dims, bias_first, shared, folded) in cases {
+        let m = matmul_add_model(&x, 20, b_dims, bias_first, shared);
+        let mut inputs = vec![input("x", &xs, 1)];
+        if b_dims.is_none() {
+            inputs.push(input("b", &[20], 4));
+        }
+        let (a, a_shape, a_ops) = run(&m, &inputs, Backend::Attnrt);
+        let (t, t_shape, _) = run(&m, &inputs, Backend::Tract);
+        let what = format!("bias {b_dims:?} first={bias_first} shared={shared}");
+        assert_eq!(a_shape, t_shape, "{what}");
+        assert!(
+            a_ops.iter().any(|o| o == "AttnrtProjection"),
+            "{what}: {a_ops:?}"
+        );
+        // tract runs an unfolded bias as `Add` (or its optimized `Opt*Add*` forms).
+        let adds = a_ops.iter().filter(|o| o.contains("Add")).count();
+        assert_eq!(adds == 0, folded, "{what}: ops {a_ops:?}");
+        for (i, (p, q)) in a.iter().zip(&t).enumerate() {
+            assert!(
+                (p - q).abs() <= 1e-5 + 1e-5 * q.abs(),
+                "{what}: y[{i}] attnrt {p}, tract {q}"
+            );
+        }
+    }
+}
