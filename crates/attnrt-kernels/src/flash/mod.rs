@@ -208,8 +208,9 @@ pub(crate) fn run(
 /// slice it stores holds the same bits in all its query rows. Masks widened from one row per
 /// batch to `[B, 1, Lq, Lk]` — by Hugging Face exports, and by attnrt's own fusion, which expands
 /// for ONNX Runtime's sake — are then read as row masks (one vector add per key) instead of an
-/// `Lq×Lk` block transposed per head, which cost ≈ 40 % more at L = 2048. Exact: equal bits are
-/// equal values. The check reads the mask at most once and stops at the first differing row.
+/// `Lq×Lk` block read and transposed for every head (up to 40 % more time at L = 2048 in the
+/// kernel bench, depending on the memory traffic around). Exact: equal bits are equal values.
+/// The check reads the mask at most once and stops at the first differing row.
 fn shared_rows<T>(m: &View4<T>, same: impl Fn(&T, &T) -> bool) -> [isize; 4] {
     let mut st = effective_strides(&m.dims, &m.strides);
     if st[2] == 0 {
