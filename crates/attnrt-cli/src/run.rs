@@ -191,6 +191,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             "fusion": fused.as_ref().map(|f| &f.report),
             "fusion_note": fusion_note,
             "ran": {"fused": fused_run.is_some(), "unfused": unfused_run.is_some()},
+            "ops": {
+                "fused": fused_run.as_ref().map(|r| ops_json(&r.ops)),
+                "unfused": unfused_run.as_ref().map(|r| ops_json(&r.ops)),
+                "kernel_isa": attnrt_runtime::kernel_isa(),
+            },
             "time_ms": {
                 "fused": fused_run.as_ref().map(|r| r.run_ms),
                 "unfused": unfused_run.as_ref().map(|r| r.run_ms),
@@ -271,6 +276,11 @@ fn fmt_err(d: &OutputDiff) -> String {
     }
 }
 
+/// `{"attention": n, "projection": n, "tract": n}` for `--json`.
+fn ops_json(c: &attnrt_runtime::OpCounts) -> serde_json::Value {
+    json!({"attention": c.attention, "projection": c.projection, "tract": c.tract})
+}
+
 #[allow(clippy::too_many_arguments)]
 fn print_text(
     args: &RunArgs,
@@ -305,6 +315,11 @@ fn print_text(
         }
     }
     println!("threads: {}", threads.count());
+    for (what, r) in [("fused", fused_run), ("unfused", unfused_run)] {
+        if let Some(r) = r {
+            println!("ops ({what}): {}", r.ops);
+        }
+    }
     let path = if fused_run.is_some() {
         "fused"
     } else {

@@ -317,5 +317,16 @@ fn shipped_mha_seed_reproduces_pytorch_outputs() {
     assert!(v["expect"]["unfused"][0]["ok"].as_bool().unwrap());
     if v["ran"]["fused"].as_bool().unwrap() {
         assert!(v["expect"]["fused"][0]["ok"].as_bool().unwrap());
+        // Every fused block runs on attnrt's kernel, the projections on attnrt's gemm op.
+        let blocks = v["fusion"]["blocks"].as_array().unwrap().len();
+        assert!(blocks > 0);
+        assert_eq!(v["ops"]["fused"]["attention"], blocks, "{}", v["ops"]);
+        assert!(
+            v["ops"]["fused"]["projection"].as_u64().unwrap() >= 4,
+            "{}",
+            v["ops"]
+        );
     }
+    assert_eq!(v["ops"]["unfused"]["attention"], 0, "{}", v["ops"]);
+    assert!(v["ops"]["kernel_isa"].is_string(), "{}", v["ops"]);
 }

@@ -384,7 +384,7 @@ fn check_float(dt: DatumType, what: &str) -> TractResult<()> {
 
 impl Expansion for AttentionOp {
     fn name(&self) -> StaticName {
-        "AttnrtAttention".into()
+        OP_NAME.into()
     }
 
     fn info(&self) -> TractResult<Vec<String>> {
@@ -440,13 +440,16 @@ impl Expansion for AttentionOp {
     }
 }
 
+/// The name under which [`AttentionKernelOp`] appears in a planned graph.
+pub const OP_NAME: &str = "AttnrtAttention";
+
 /// The typed (runnable) form of [`AttentionOp`]: evaluates on attnrt's kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttentionKernelOp(pub AttentionOp);
 
 impl Op for AttentionKernelOp {
     fn name(&self) -> StaticName {
-        "AttnrtAttention".into()
+        OP_NAME.into()
     }
 
     fn info(&self) -> TractResult<Vec<String>> {

@@ -25,7 +25,9 @@ pub use io::{
     TensorSummary,
 };
 pub use projection::Backend;
-pub use session::{onnx_frontend, onnx_frontend_with, panic_is_guarded, Session, Threads};
+pub use session::{
+    onnx_frontend, onnx_frontend_with, panic_is_guarded, OpCounts, Session, Threads,
+};
 /// tract's tensor type, used for every input and output value.
 pub use tract_onnx::prelude::{DatumType, Tensor};
 
@@ -43,6 +45,15 @@ pub struct RunResult {
     pub build_ms: f64,
     /// Time of the one run, in milliseconds.
     pub run_ms: f64,
+    /// What the planned graph ran, by implementation.
+    pub ops: OpCounts,
+}
+
+/// The name of the kernel path attention runs on in this process (`ATTNRT_KERNEL_ISA`, else the
+/// best the CPU has), or `None` when that choice is unusable (then attention nodes fail with the
+/// reason).
+pub fn kernel_isa() -> Option<String> {
+    attnrt_kernels::Isa::selected().ok().map(|i| i.to_string())
 }
 
 /// Builds a session for `model` (constant-weight matmuls on `backend`) and runs it once on
@@ -64,5 +75,6 @@ pub fn run_once(
         outputs,
         build_ms,
         run_ms,
+        ops: session.op_counts(),
     })
 }

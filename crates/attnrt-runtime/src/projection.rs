@@ -223,6 +223,9 @@ impl Expansion for ProjectionGemm {
     }
 }
 
+/// The name under which [`ProjectionOp`] appears in a planned graph.
+pub const OP_NAME: &str = "AttnrtProjection";
+
 /// `y = alpha · x · W (+ bias)` for `x: [..., K]` f32, a constant `W: [K, N]` f32 and an optional
 /// bias row `[N]` (`Gemm`'s `beta·C`), row-major: `y: [..., N]`.
 #[derive(Debug, Clone)]
@@ -333,7 +336,7 @@ impl Eq for ProjectionOp {}
 
 impl Op for ProjectionOp {
     fn name(&self) -> StaticName {
-        "AttnrtProjection".into()
+        OP_NAME.into()
     }
 
     fn info(&self) -> TractResult<Vec<String>> {

@@ -318,6 +318,21 @@ impl Session {
             .collect()
     }
 
+    /// How many of the planned graph's operations run on attnrt's attention kernel, on attnrt's
+    /// projection op and on tract (graph inputs and constants not counted).
+    pub fn op_counts(&self) -> OpCounts {
+        let mut c = OpCounts::default();
+        for name in self.op_names() {
+            match name.as_str() {
+                crate::attention::OP_NAME => c.attention += 1,
+                crate::projection::OP_NAME => c.projection += 1,
+                "Source" | "Const" => {}
+                _ => c.tract += 1,
+            }
+        }
+        c
+    }
+
     /// Names of the graph inputs, in order.
     pub fn input_names(&self) -> &[String] {
         &self.input_names
@@ -455,5 +470,27 @@ mod tests {
                 "constant_value dims {dims:?}"
             );
         }
+    }
+}
+
+/// What a planned graph runs, by implementation (see [`Session::op_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    /// Attention operations on attnrt's kernel.
+    pub attention: usize,
+    /// Constant-weight projections on attnrt's `gemm`-backed op.
+    pub projection: usize,
+    /// Every other operation (tract's).
+    pub tract: usize,
+}
+
+impl std::fmt::Display for OpCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let isa = crate::kernel_isa().unwrap_or_else(|| "no usable path".into());
+        write!(
+            f,
+            "{} attention on attnrt's kernel ({isa}), {} projection(s) on gemm, {} other op(s) on tract",
+            self.attention, self.projection, self.tract
+        )
     }
 }
