@@ -107,6 +107,11 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "fused": fused_t,
             "unfused": unfused_t,
             "speedup": speedup,
+            "ops": {
+                "fused": crate::common::ops_json(&fused_session.op_counts()),
+                "unfused": crate::common::ops_json(&unfused_session.op_counts()),
+                "kernel_isa": attnrt_runtime::kernel_isa(),
+            },
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -120,6 +125,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     } else {
         println!("fusion: {blocks} attention block(s) fused");
     }
+    println!("ops (fused): {}", fused_session.op_counts());
+    println!("ops (unfused): {}", unfused_session.op_counts());
     for (label, t) in [("fused", &fused_t), ("unfused", &unfused_t)] {
         println!(
             "{label:>8}: median {:.3} ms  (min {:.3}, max {:.3}, mad {:.3}; {} reps after {} warm-up)",

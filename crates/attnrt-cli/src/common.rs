@@ -161,3 +161,8 @@ pub fn dims_line(p: &PreparedInputs) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// `{"attention": n, "projection": n, "tract": n}`: what a planned graph runs, for `--json`.
+pub fn ops_json(c: &attnrt_runtime::OpCounts) -> serde_json::Value {
+    serde_json::json!({"attention": c.attention, "projection": c.projection, "tract": c.tract})
+}

@@ -192,8 +192,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             "fusion_note": fusion_note,
             "ran": {"fused": fused_run.is_some(), "unfused": unfused_run.is_some()},
             "ops": {
-                "fused": fused_run.as_ref().map(|r| ops_json(&r.ops)),
-                "unfused": unfused_run.as_ref().map(|r| ops_json(&r.ops)),
+                "fused": fused_run.as_ref().map(|r| crate::common::ops_json(&r.ops)),
+                "unfused": unfused_run.as_ref().map(|r| crate::common::ops_json(&r.ops)),
                 "kernel_isa": attnrt_runtime::kernel_isa(),
             },
             "time_ms": {
@@ -274,11 +274,6 @@ fn fmt_err(d: &OutputDiff) -> String {
             }
         ),
     }
-}
-
-/// `{"attention": n, "projection": n, "tract": n}` for `--json`.
-fn ops_json(c: &attnrt_runtime::OpCounts) -> serde_json::Value {
-    json!({"attention": c.attention, "projection": c.projection, "tract": c.tract})
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -330,3 +330,40 @@ fn shipped_mha_seed_reproduces_pytorch_outputs() {
     assert_eq!(v["ops"]["unfused"]["attention"], 0, "{}", v["ops"]);
     assert!(v["ops"]["kernel_isa"].is_string(), "{}", v["ops"]);
 }
+
+#[test]
+fn bench_json_reports_both_paths_and_what_they_ran_on() {
+    let dir = models_dir();
+    let model = dir.join("mha_seed.ts.onnx");
+    if !model.exists() {
+        eprintln!("models/mha_seed.ts.onnx not shipped; skipping");
+        return;
+    }
+    let inputs = dir.join("mha_seed.inputs.npz");
+    let o = attnrt(&[
+        "bench",
+        &model.display().to_string(),
+        "--input-npz",
+        &inputs.display().to_string(),
+        "--warmup",
+        "1",
+        "--reps",
+        "3",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    // stdout is one JSON object (the progress bar goes to stderr).
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["blocks_fused"], 1);
+    assert_eq!(v["threads"], 1);
+    for path in ["fused", "unfused"] {
+        let median = v[path]["median_ms"].as_f64().unwrap();
+        assert!(median > 0.0 && median.is_finite(), "{path}: {}", v[path]);
+        assert_eq!(v[path]["reps"], 3, "{path}: {}", v[path]);
+    }
+    assert!(v["speedup"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["ops"]["fused"]["attention"], 1, "{}", v["ops"]);
+    assert_eq!(v["ops"]["unfused"]["attention"], 0, "{}", v["ops"]);
+}
