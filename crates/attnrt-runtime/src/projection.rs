@@ -276,39 +276,36 @@ impl ProjectionOp {
     }
 
     /// The op for a `Gemm` without `transA`, or `None` (tract's path). `c` is the fact of `C`
-    /// when it is present and `beta ≠ 0`.
+    /// when it is present and `beta ≠ 0`. `C` is checked before `B` is transposed, so a `Gemm`
+    /// refused for its `C` costs no copy of the weight.
     fn for_gemm(
         g: &ProjectionGemm,
         a: &TypedFact,
         b: &TypedFact,
         c: Option<&TypedFact>,
     ) -> TractResult<Option<ProjectionOp>> {
+        let Some(w) = b.konst.as_ref() else {
+            return Ok(None);
+        };
+        if a.rank() != 2 || w.rank() != 2 {
+            return Ok(None);
+        }
+        let n = w.shape()[usize::from(!g.trans_b)];
+        let bias = match c {
+            None => None,
+            Some(c) => {
+                // `Gemm`'s C is unidirectionally broadcast to [M, N]: rank ≤ 2.
+                let Some(row) = c.konst.as_ref().and_then(|ct| bias_row(ct, n, 2)) else {
+                    return Ok(None);
+                };
+                Some(row.iter().map(|&v| g.beta * v).collect::<Vec<f32>>())
+            }
+        };
         let Some(mut op) = Self::for_facts(&g.node, a, b, g.trans_b) else {
             return Ok(None);
         };
-        if a.rank() != 2 {
-            return Ok(None);
-        }
         op.alpha = g.alpha;
-        if let Some(c) = c {
-            let n = op.n();
-            let Some(ct) = c.konst.as_ref() else {
-                return Ok(None);
-            };
-            // Row-broadcast shapes only: [], [1], [N], [1, 1], [1, N].
-            let dims = ct.shape();
-            let row_broadcast = dims.len() <= 2
-                && dims.iter().rev().skip(1).all(|&d| d == 1)
-                && dims.last().is_none_or(|&d| d == 1 || d == n);
-            if ct.datum_type() != DatumType::F32 || !ct.is_plain_ram() || !row_broadcast {
-                return Ok(None);
-            }
-            let vals = ct.try_as_plain_ram()?.as_slice::<f32>()?;
-            let row: Vec<f32> = (0..n)
-                .map(|j| g.beta * vals[if vals.len() == 1 { 0 } else { j }])
-                .collect();
-            op.bias = Some(tensor1(&row).into_arc_tensor());
-        }
+        op.bias = bias.map(|row| tensor1(&row).into_arc_tensor());
         Ok(Some(op))
     }
 
@@ -398,6 +395,26 @@ impl EvalOp for ProjectionOp {
         }
         Ok(tvec!(y.into_tvalue()))
     }
+}
+
+/// The `n` values a constant adds to every row of an `[..., n]` output, or `None` when it is not
+/// such a row: f32 in plain memory, rank ≤ `max_rank`, every extent but the last 1, the last 1
+/// (one value for the whole row) or `n`. Shapes `[]`, `[1]`, `[n]`, `[1, n]`, `[1, 1, n]`, ...
+/// What `Gemm`'s `C` and the bias `Add` after a projection both need.
+fn bias_row(c: &Tensor, n: usize, max_rank: usize) -> Option<Vec<f32>> {
+    let dims = c.shape();
+    let row_broadcast = dims.len() <= max_rank
+        && dims.iter().rev().skip(1).all(|&d| d == 1)
+        && dims.last().is_none_or(|&d| d == 1 || d == n);
+    if c.datum_type() != DatumType::F32 || !c.is_plain_ram() || !row_broadcast {
+        return None;
+    }
+    let vals = c.try_as_plain_ram().ok()?.as_slice::<f32>().ok()?;
+    Some(if vals.len() == n {
+        vals.to_vec()
+    } else {
+        vec![vals[0]; n]
+    })
 }
 
 /// `y[m×n] = alpha · x[m×k] · w[k×n] (+ bias[n] on every row)`, all row-major and contiguous, on
@@ -515,18 +532,12 @@ impl TypedOp for ProjectionOp {
         let Some(b) = b_fact.konst.as_ref() else {
             return Ok(None);
         };
-        let n = self.n();
-        let dims = b.shape();
-        let row_only = b.datum_type() == DatumType::F32
-            && b.is_plain_ram()
-            && dims.len() <= y_fact.rank()
-            && dims.iter().rev().skip(1).all(|&d| d == 1)
-            && dims.last() == Some(&n)
-            && model.outlet_fact(OutletId::new(next.id, 0))?.shape == y_fact.shape;
-        if !row_only {
+        if model.outlet_fact(OutletId::new(next.id, 0))?.shape != y_fact.shape {
             return Ok(None);
         }
-        let row = b.try_as_plain_ram()?.as_slice::<f32>()?.to_vec();
+        let Some(row) = bias_row(b, self.n(), y_fact.rank()) else {
+            return Ok(None);
+        };
         let op = ProjectionOp {
             bias: Some(tensor1(&row).into_arc_tensor()),
             ..self.clone()

@@ -274,13 +274,18 @@ fn a_constant_bias_add_folds_into_the_projection_only_when_exact() {
     let x = [2i64, 37, 48];
     let xs = [2usize, 37, 48];
     // (bias dims or graph input, bias first, second consumer, folded)
-    let cases: [(Option<&[i64]>, bool, bool, bool); 7] = [
+    let cases: [(Option<&[i64]>, bool, bool, bool); 11] = [
         (Some(&[20]), false, false, true),
         (Some(&[20]), true, false, true),
         (Some(&[1, 1, 20]), false, false, true),
+        // One value for every element: also a row.
+        (Some(&[]), false, false, true),
+        (Some(&[1]), true, false, true),
+        (Some(&[1, 1, 1]), false, false, true),
         // Varies along rows, or widens the output: kept as an Add.
         (Some(&[37, 20]), false, false, false),
         (Some(&[3, 1, 1, 20]), false, false, false),
+        (Some(&[1, 1, 1, 1]), false, false, false),
         // Not a constant; or `x · w` is needed without the bias too.
         (None, false, false, false),
         (Some(&[20]), false, true, false),
