@@ -236,6 +236,16 @@ fn benches(c: &mut Criterion) {
         );
     }
 
+    // Interleaved kernel/probe rounds (see `interleaved_share`), after criterion's cases.
+    let shares: Vec<(usize, Shares)> = if best == Isa::Scalar {
+        Vec::new()
+    } else {
+        [(512, 40), (2048, 12), (4096, 6)]
+            .into_iter()
+            .map(|(len, rounds)| (len, interleaved_share(best, len, rounds)))
+            .collect()
+    };
+
     // One core's FMA throughput measured in this run (the larger of a probe before and after).
     let peak = peak_before.max(attnrt_benches::measured_fma_peak_gflops());
     SUMMARY.with(|s| {
@@ -255,6 +265,68 @@ fn benches(c: &mut Criterion) {
             println!("GFLOPS {:<37} {:>12.3} {:>12.1} {:>15.0}%", name, med * 1e3, gflops, pct);
         }
     });
+    if !shares.is_empty() {
+        println!(
+            "\nshare of FMA peak, {best} 1 thread, dense: each round times one kernel call, then the probe \
+             (best of three), and divides the two; median and quartiles over the rounds"
+        );
+        println!(
+            "{:<10} {:>8} {:>10} {:>10} {:>10}",
+            "L", "rounds", "p25", "median", "p75"
+        );
+        for (len, sh) in &shares {
+            println!(
+                "SHARE L{:<8} {:>8} {:>9.0}% {:>9.0}% {:>9.0}%",
+                len,
+                sh.rounds,
+                100.0 * sh.p25,
+                100.0 * sh.median,
+                100.0 * sh.p75
+            );
+        }
+    }
+}
+
+/// Quartiles of the per-round ratio kernel GFLOP/s ÷ probe GFLOP/s.
+struct Shares {
+    rounds: usize,
+    p25: f64,
+    median: f64,
+    p75: f64,
+}
+
+/// The kernel's share of one core's FMA peak with both measured at the same moment: `rounds`
+/// times, one single-thread kernel call (dense, 3-D layout, H=12, D=64) and right after it the
+/// FMA probe, their ratio kept per round. On a shared VM the core's speed drifts by tens of
+/// percent between seconds (neighbours, the SMT sibling); the summary table above divides a
+/// median over many seconds by the best probe of the run, which counts that drift against the
+/// kernel. This pairs each call with the probe's reading of the same moment instead.
+fn interleaved_share(isa: Isa, len: usize, rounds: usize) -> Shares {
+    let mut p = Problem::new(12, len, 64);
+    let flops = p.flops() as f64;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("thread pool");
+    let mut ratios: Vec<f64> = pool.install(|| {
+        p.run(isa, Variant::Dense, false);
+        (0..rounds)
+            .map(|_| {
+                let t = Instant::now();
+                p.run(isa, Variant::Dense, false);
+                let kernel = flops / t.elapsed().as_secs_f64() / 1e9;
+                kernel / attnrt_benches::measured_fma_peak_gflops()
+            })
+            .collect()
+    });
+    ratios.sort_by(f64::total_cmp);
+    let at = |f: f64| ratios[((ratios.len() - 1) as f64 * f).round() as usize];
+    Shares {
+        rounds,
+        p25: at(0.25),
+        median: at(0.5),
+        p75: at(0.75),
+    }
 }
 
 criterion_group!(kernel, benches);

@@ -811,6 +811,11 @@ macro_rules! flash_core {
             for sub in 0..nsub {
                 let i0 = t0 + sub * BQ;
                 let nq = BQ.min(job.q_len - i0);
+                // The next sub-block's rows are fetched while this one is packed.
+                if sub + 1 < nsub && job.qs[3] == 1 && d > 0 {
+                    let i1 = i0 + BQ;
+                    prefetch_rows(qbase.offset(i1 as isize * job.qs[2]), job.qs[2], BQ.min(job.q_len - i1), d);
+                }
                 pack_q_block(qbase, job.qs[2], job.qs[3], job.scale * std::f32::consts::LOG2_E, i0, nq, d, sc.qt.ptr().add(sub * d * BQ));
                 for q in 0..BQ {
                     *sc.m.ptr().add(sub * BQ + q) = f32::NEG_INFINITY;
@@ -885,6 +890,13 @@ macro_rules! flash_core {
             for sub in 0..nsub {
                 let i0 = t0 + sub * BQ;
                 let nq = BQ.min(job.q_len - i0);
+                // The next sub-block's output rows are fetched while this one is stored: a store
+                // to a line not in cache waits for the line, and a line read by no other core
+                // arrives exclusive, ready to be written.
+                if sub + 1 < nsub && job.os[3] == 1 && dv > 0 {
+                    let i1 = i0 + BQ;
+                    prefetch_rows(obase.offset(i1 as isize * job.os[2]), job.os[2], BQ.min(job.q_len - i1), dv);
+                }
                 unpack_o_block(sc.ot.ptr().add(sub * dv * BQ), sc.l.ptr().add(sub * BQ), obase, job.os[2], job.os[3], i0, nq, dv);
             }
         }
