@@ -7,7 +7,9 @@
 //!   same row widened to `[1, 1, L, L]`; an `[1, 1, L, L]` mask whose rows differ).
 //!
 //! Throughput is reported as elements = flops (4·B·H·Lq·Lk·D, dense count even for causal), so
-//! criterion's "elem/s" reads as flop/s; a `GFLOP/s` summary table is printed at the end.
+//! criterion's "elem/s" reads as flop/s; a `GFLOP/s` summary table is printed at the end, then
+//! the single-thread share of FMA peak from rounds that pair each kernel call with the probe
+//! (`SHARE` lines, see `interleaved_share`).
 //! Run: `cargo bench -p attnrt-benches --bench kernel`.
 
 use std::cell::RefCell;
