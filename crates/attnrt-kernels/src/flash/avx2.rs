@@ -92,6 +92,13 @@ fn vexp2(x: V) -> V {
     _mm256_and_ps(res, keep)
 }
 
+/// Whether every lane of `v` is exactly 1 (a softmax rescale factor that changes nothing).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn vall_one(v: V) -> bool {
+    _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(v, _mm256_set1_ps(1.0))) == 0xff
+}
+
 /// `v` with `−inf` lanes replaced by 0 (the safe softmax reference of a still-empty row).
 #[target_feature(enable = "avx2,fma")]
 #[inline]

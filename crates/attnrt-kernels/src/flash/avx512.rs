@@ -87,6 +87,13 @@ fn vexp2(x: V) -> V {
     _mm512_maskz_scalef_ps(keep, p, n)
 }
 
+/// Whether every lane of `v` is exactly 1 (a softmax rescale factor that changes nothing).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn vall_one(v: V) -> bool {
+    _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(v, _mm512_set1_ps(1.0)) == 0xffff
+}
+
 /// `v` with `−inf` lanes replaced by 0 (the safe softmax reference of a still-empty row).
 #[target_feature(enable = "avx512f")]
 #[inline]

@@ -276,6 +276,103 @@ pub(crate) fn qsub_cap(bq: usize, max: usize, d: usize, dv: usize) -> usize {
     qsub
 }
 
+/// Rows a task will read or write later — its own output rows, and the query rows and first
+/// key/value block of the task this thread most likely runs next — fetched into L2 a few rows at a
+/// time while the task computes. Rows `H·D` floats apart (the 3-D layout) defeat the hardware
+/// prefetcher, and a burst of prefetches stalls on the core's few fill buffers: paced over the
+/// task's tiles, the misses overlap the FMAs instead of stalling the packing and the stores.
+pub(crate) struct RowPrefetch {
+    /// `(first row, row stride, rows, elements per row)`, fetched in this order
+    ranges: [(*const f32, isize, usize, usize); 4],
+    len: usize,
+    cur: usize,
+    row: usize,
+    /// Pacing: each step adds `rows` to `credit` and fetches a row per `steps` of credit, so the
+    /// rows spread evenly over the task (the last ones, its output rows, arrive near its end).
+    rows: usize,
+    steps: usize,
+    credit: usize,
+    /// steps to let pass before the first fetch
+    skip: usize,
+}
+
+impl RowPrefetch {
+    pub(crate) fn new() -> Self {
+        RowPrefetch {
+            ranges: [(std::ptr::null(), 0, 0, 0); 4],
+            len: 0,
+            cur: 0,
+            row: 0,
+            rows: 0,
+            steps: 1,
+            credit: 0,
+            skip: 0,
+        }
+    }
+
+    /// Adds `rows` rows of `n` unit-stride elements; ignored when full or empty.
+    pub(crate) fn push(&mut self, first: *const f32, row_stride: isize, rows: usize, n: usize) {
+        if self.len < self.ranges.len() && rows > 0 && n > 0 {
+            self.ranges[self.len] = (first, row_stride, rows, n);
+            self.len += 1;
+        }
+    }
+
+    /// Spreads the rows over the last `window` of `steps` calls of [`RowPrefetch::step`].
+    pub(crate) fn pace(&mut self, steps: usize, window: usize) {
+        self.rows = self.ranges[..self.len].iter().map(|r| r.2).sum();
+        self.steps = steps.min(window).max(1);
+        self.skip = steps.saturating_sub(window);
+    }
+
+    /// Asks for the next share of rows.
+    ///
+    /// # Safety
+    /// Every pushed range must address rows inside one allocation.
+    #[inline]
+    pub(crate) unsafe fn step(&mut self) {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return;
+        }
+        if self.cur >= self.len {
+            return;
+        }
+        self.credit += self.rows;
+        while self.credit >= self.steps {
+            self.credit -= self.steps;
+            let (first, stride, rows, n) = self.ranges[self.cur];
+            let row = first.offset(self.row as isize * stride);
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                let mut e = 0;
+                while e < n {
+                    _mm_prefetch::<_MM_HINT_T1>(row.add(e) as *const i8);
+                    e += 16;
+                }
+                _mm_prefetch::<_MM_HINT_T1>(row.add(n - 1) as *const i8);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (row, n);
+            self.row += 1;
+            if self.row == rows {
+                self.cur += 1;
+                self.row = 0;
+                if self.cur >= self.len {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Sub-block tiles (key block × query block pairs) at the end of a task over which `RowPrefetch`
+/// spreads the next task's rows and the task's output rows: early enough to hide the misses,
+/// late enough that a long task's streaming of K and V does not evict them from L2 first (over
+/// the whole task, L = 2048 measured no better than without them).
+pub(crate) const PREFETCH_WINDOW: usize = 64;
+
 /// Coefficients `c1..c6` of `2^f ≈ 1 + c1·f + … + c6·f⁶` on `|f| ≤ 1/2` (least-squares fit of the
 /// relative error, ≈ 2e-9 in exact arithmetic; < 1e-7 evaluated in f32 by Horner's rule).
 /// (`c1` comes out of the fit as `ln 2` to f32 precision.)
@@ -372,7 +469,7 @@ pub(crate) unsafe fn unpack_ot(
 macro_rules! flash_core {
     ($(#[$attr:meta])*) => {
         use rayon::prelude::*;
-        use $crate::flash::{Job, JobMask, Scratch};
+        use $crate::flash::{Job, JobMask, RowPrefetch, Scratch, PREFETCH_WINDOW};
 
         // The remainder dispatch below covers tiles of 1..=7 rows.
         const _: () = assert!(MR >= 1 && MR <= 8 && NR >= 1 && QSUB_MAX >= 1 && BK >= 1);
@@ -380,7 +477,7 @@ macro_rules! flash_core {
         /// `Sᵀ[m][·] = Σ_d K[row m][d] · Qᵀ[d][·]` for `M` consecutive keys.
         $(#[$attr])*
         #[inline]
-        unsafe fn qk_tile<const M: usize, const N: usize>(k0: *const f32, ks: isize, kd: isize, d: usize, qt: *const f32, s: *mut f32) {
+        unsafe fn qk_tile<const M: usize, const N: usize>(k0: *const f32, ks: isize, kd: isize, d: usize, qt: *const f32, s: *mut f32, mx: Option<&mut [V; N]>) {
             let mut acc = [[vzero(); N]; M];
             let mut rows = [k0; M];
             for m in 1..M {
@@ -405,28 +502,39 @@ macro_rules! flash_core {
                     vstore(s.add(m * BQ + n * LANES), acc[m][n]);
                 }
             }
+            if let Some(mx) = mx {
+                for m in 0..M {
+                    for n in 0..N {
+                        mx[n] = vmax(mx[n], acc[m][n]);
+                    }
+                }
+            }
         }
 
-        /// Scores of `nk` keys (rows from `k0`, strides `ks`/`kd`) against the packed query block.
+        /// Scores of `nk` keys (rows from `k0`, strides `ks`/`kd`) against the packed query block;
+        /// with `mx`, also folds them into the running max, key by key (the same order as the
+        /// softmax's own pass, so the same result), which saves that pass a read of the tile.
         $(#[$attr])*
         #[inline]
-        unsafe fn qk_block<const N: usize>(k0: *const f32, ks: isize, kd: isize, d: usize, nk: usize, qt: *const f32, s: *mut f32) {
+        unsafe fn qk_block<const N: usize>(k0: *const f32, ks: isize, kd: isize, d: usize, nk: usize, qt: *const f32, s: *mut f32, ahead: &mut [RowPrefetch; 2], mut mx: Option<&mut [V; N]>) {
             let mut j = 0;
             while j + MR <= nk {
-                qk_tile::<MR, N>(k0.offset(j as isize * ks), ks, kd, d, qt, s.add(j * BQ));
+                ahead[0].step();
+                ahead[1].step();
+                qk_tile::<MR, N>(k0.offset(j as isize * ks), ks, kd, d, qt, s.add(j * BQ), mx.as_deref_mut());
                 j += MR;
             }
             let k1 = k0.offset(j as isize * ks);
             let s1 = s.add(j * BQ);
             match nk - j {
                 0 => {}
-                1 => qk_tile::<1, N>(k1, ks, kd, d, qt, s1),
-                2 => qk_tile::<2, N>(k1, ks, kd, d, qt, s1),
-                3 => qk_tile::<3, N>(k1, ks, kd, d, qt, s1),
-                4 => qk_tile::<4, N>(k1, ks, kd, d, qt, s1),
-                5 => qk_tile::<5, N>(k1, ks, kd, d, qt, s1),
-                6 => qk_tile::<6, N>(k1, ks, kd, d, qt, s1),
-                7 => qk_tile::<7, N>(k1, ks, kd, d, qt, s1),
+                1 => qk_tile::<1, N>(k1, ks, kd, d, qt, s1, mx),
+                2 => qk_tile::<2, N>(k1, ks, kd, d, qt, s1, mx),
+                3 => qk_tile::<3, N>(k1, ks, kd, d, qt, s1, mx),
+                4 => qk_tile::<4, N>(k1, ks, kd, d, qt, s1, mx),
+                5 => qk_tile::<5, N>(k1, ks, kd, d, qt, s1, mx),
+                6 => qk_tile::<6, N>(k1, ks, kd, d, qt, s1, mx),
+                7 => qk_tile::<7, N>(k1, ks, kd, d, qt, s1, mx),
                 _ => unreachable!("MR is at most 8"),
             }
         }
@@ -434,7 +542,7 @@ macro_rules! flash_core {
         /// `Oᵀ[m][·] = α·Oᵀ[m][·] + Σ_j V[j][m] · Pᵀ[j][·]` for `M` consecutive value columns.
         $(#[$attr])*
         #[inline]
-        unsafe fn pv_tile<const M: usize, const N: usize>(v0: *const f32, vs: isize, vd: isize, nk: usize, p: *const f32, ot: *mut f32, alpha: *const f32) {
+        unsafe fn pv_tile<const M: usize, const N: usize>(v0: *const f32, vs: isize, vd: isize, nk: usize, p: *const f32, ot: *mut f32, alpha: *const f32, rescale: bool) {
             let mut al = [vzero(); N];
             for n in 0..N {
                 al[n] = vload(alpha.add(n * LANES));
@@ -442,7 +550,10 @@ macro_rules! flash_core {
             let mut acc = [[vzero(); N]; M];
             for m in 0..M {
                 for n in 0..N {
-                    acc[m][n] = vmul(vload(ot.add(m * BQ + n * LANES)), al[n]);
+                    acc[m][n] = vload(ot.add(m * BQ + n * LANES));
+                    if rescale {
+                        acc[m][n] = vmul(acc[m][n], al[n]);
+                    }
                 }
             }
             let mut cols = [v0; M];
@@ -471,26 +582,29 @@ macro_rules! flash_core {
         }
 
         /// Accumulates `nk` keys' values (rows from `v0`, strides `vs`/`vd`) weighted by the
-        /// probabilities in `p`, after rescaling the accumulator by `alpha`.
+        /// probabilities in `p`, after rescaling the accumulator by `alpha` (skipped when `rescale`
+        /// is false: every factor is exactly 1, as after most tiles once the row maxima settle).
         $(#[$attr])*
         #[inline]
-        unsafe fn pv_block<const N: usize>(v0: *const f32, vs: isize, vd: isize, dv: usize, nk: usize, p: *const f32, ot: *mut f32, alpha: *const f32) {
+        unsafe fn pv_block<const N: usize>(v0: *const f32, vs: isize, vd: isize, dv: usize, nk: usize, p: *const f32, ot: *mut f32, alpha: *const f32, rescale: bool, ahead: &mut [RowPrefetch; 2]) {
             let mut c = 0;
             while c + MR <= dv {
-                pv_tile::<MR, N>(v0.offset(c as isize * vd), vs, vd, nk, p, ot.add(c * BQ), alpha);
+                ahead[0].step();
+                ahead[1].step();
+                pv_tile::<MR, N>(v0.offset(c as isize * vd), vs, vd, nk, p, ot.add(c * BQ), alpha, rescale);
                 c += MR;
             }
             let v1 = v0.offset(c as isize * vd);
             let o1 = ot.add(c * BQ);
             match dv - c {
                 0 => {}
-                1 => pv_tile::<1, N>(v1, vs, vd, nk, p, o1, alpha),
-                2 => pv_tile::<2, N>(v1, vs, vd, nk, p, o1, alpha),
-                3 => pv_tile::<3, N>(v1, vs, vd, nk, p, o1, alpha),
-                4 => pv_tile::<4, N>(v1, vs, vd, nk, p, o1, alpha),
-                5 => pv_tile::<5, N>(v1, vs, vd, nk, p, o1, alpha),
-                6 => pv_tile::<6, N>(v1, vs, vd, nk, p, o1, alpha),
-                7 => pv_tile::<7, N>(v1, vs, vd, nk, p, o1, alpha),
+                1 => pv_tile::<1, N>(v1, vs, vd, nk, p, o1, alpha, rescale),
+                2 => pv_tile::<2, N>(v1, vs, vd, nk, p, o1, alpha, rescale),
+                3 => pv_tile::<3, N>(v1, vs, vd, nk, p, o1, alpha, rescale),
+                4 => pv_tile::<4, N>(v1, vs, vd, nk, p, o1, alpha, rescale),
+                5 => pv_tile::<5, N>(v1, vs, vd, nk, p, o1, alpha, rescale),
+                6 => pv_tile::<6, N>(v1, vs, vd, nk, p, o1, alpha, rescale),
+                7 => pv_tile::<7, N>(v1, vs, vd, nk, p, o1, alpha, rescale),
                 _ => unreachable!("MR is at most 8"),
             }
         }
@@ -499,23 +613,31 @@ macro_rules! flash_core {
         /// scores into `2^(s − max)` (base-2 units, see the module docs) in place and leaves the rescale factor of the old partial
         /// results in `alpha`. A lane whose max is still `−inf` (no attendable key so far) uses 0
         /// as its reference so that no `−inf − (−inf)` NaN appears; its probabilities are 0.
+        /// `tile_max`: the running max already folded with the tile's scores (by `qk_block`).
+        /// Returns whether any rescale factor differs from 1.
         $(#[$attr])*
         #[inline]
-        unsafe fn softmax_block<const N: usize>(s: *mut f32, nk: usize, m: *mut f32, l: *mut f32, alpha: *mut f32) {
-            let mut mx = [vzero(); N];
-            for n in 0..N {
-                mx[n] = vload(m.add(n * LANES));
-            }
-            for j in 0..nk {
-                for n in 0..N {
-                    mx[n] = vmax(mx[n], vload(s.add(j * BQ + n * LANES)));
+        unsafe fn softmax_block<const N: usize>(s: *mut f32, nk: usize, m: *mut f32, l: *mut f32, alpha: *mut f32, tile_max: Option<[V; N]>) -> bool {
+            let mx = match tile_max {
+                Some(mx) => mx,
+                None => {
+                    let mut mx = load_max::<N>(m);
+                    for j in 0..nk {
+                        for n in 0..N {
+                            mx[n] = vmax(mx[n], vload(s.add(j * BQ + n * LANES)));
+                        }
+                    }
+                    mx
                 }
-            }
+            };
+            let mut rescale = false;
             let mut ms = [vzero(); N];
             for n in 0..N {
                 ms[n] = vzero_if_neg_inf(mx[n]);
                 let old = vload(m.add(n * LANES));
-                vstore(alpha.add(n * LANES), vexp2(vsub(old, ms[n])));
+                let a = vexp2(vsub(old, ms[n]));
+                rescale |= !vall_one(a);
+                vstore(alpha.add(n * LANES), a);
                 vstore(m.add(n * LANES), mx[n]);
             }
             let mut sum = [vzero(); N];
@@ -531,6 +653,18 @@ macro_rules! flash_core {
                 let lp = l.add(n * LANES);
                 vstore(lp, vfma(vload(lp), vload(alpha.add(n * LANES)), sum[n]));
             }
+            rescale
+        }
+
+        /// The running max of `N` query vectors at `m`.
+        $(#[$attr])*
+        #[inline]
+        unsafe fn load_max<const N: usize>(m: *const f32) -> [V; N] {
+            let mut mx = [vzero(); N];
+            for n in 0..N {
+                mx[n] = vload(m.add(n * LANES));
+            }
+            mx
         }
 
         /// Soft-cap, mask and causal rule on one score tile (`nq` live query lanes in `N` vectors).
@@ -833,6 +967,38 @@ macro_rules! flash_core {
                 }
             }
             let kend = sub_kend[..nsub].iter().copied().max().unwrap_or(0);
+            let obase = job.out.offset(b as isize * job.os[0] + h as isize * job.os[1]);
+
+            // Prefetches paced over the tiles (one step per full tile of Q·Kᵀ and of P·V):
+            // `ahead[0]` fetches, during the task's last `PREFETCH_WINDOW` sub-block tiles, the
+            // query rows and first key/value block of task + 1 (what rayon most likely runs next
+            // on this thread: each thread works through a contiguous range) and then this task's
+            // output rows; `ahead[1]`, during each key block, the next key block's K and V rows.
+            let mut ahead = [RowPrefetch::new(), RowPrefetch::new()];
+            if task + 1 < job.batch * job.q_heads * ntq {
+                let next = task + 1;
+                let (tq2, bh2) = (next % ntq, next / ntq);
+                let (h2, b2) = (bh2 % job.q_heads, bh2 / job.q_heads);
+                let hk2 = h2 / job.group;
+                let t2 = tq2 * span;
+                if job.qs[3] == 1 {
+                    let q2 = job.q.offset(b2 as isize * job.qs[0] + h2 as isize * job.qs[1] + t2 as isize * job.qs[2]);
+                    ahead[0].push(q2, job.qs[2], (job.q_len - t2).min(span), d);
+                }
+                let nk2 = BK.min(job.live_keys);
+                if job.ks[3] == 1 {
+                    ahead[0].push(job.k.offset(b2 as isize * job.ks[0] + hk2 as isize * job.ks[1]), job.ks[2], nk2, d);
+                }
+                if job.vs[3] == 1 {
+                    ahead[0].push(job.v.offset(b2 as isize * job.vs[0] + hk2 as isize * job.vs[1]), job.vs[2], nk2, dv);
+                }
+            }
+            if job.os[3] == 1 {
+                ahead[0].push(obase.offset(t0 as isize * job.os[2]), job.os[2], (job.q_len - t0).min(span), dv);
+            }
+            let tiles_per_block = BK / MR + dv / MR;
+            let blocks: usize = sub_kend[..nsub].iter().map(|&e| e.div_ceil(BK)).sum();
+            ahead[0].pace(blocks * tiles_per_block, PREFETCH_WINDOW * tiles_per_block);
 
             let kbase = job.k.offset(b as isize * job.ks[0] + hk as isize * job.ks[1]);
             let vbase = job.v.offset(b as isize * job.vs[0] + hk as isize * job.vs[1]);
@@ -843,16 +1009,19 @@ macro_rules! flash_core {
                 let nk = BK.min(kend - j0);
                 pack_rows(kbase.offset(j0 as isize * job.ks[2]), job.ks[2], job.ks[3], nk, d, kp);
                 pack_rows(vbase.offset(j0 as isize * job.vs[2]), job.vs[2], job.vs[3], nk, dv, vp);
-                // Fetch the next key block while this one is being used by all sub-blocks.
+                // The next key block is fetched while this one serves all sub-blocks.
                 let next = j0 + nk;
                 if next < kend {
                     let nk2 = BK.min(kend - next);
-                    if job.ks[3] == 1 && d > 0 {
-                        prefetch_rows(kbase.offset(next as isize * job.ks[2]), job.ks[2], nk2, d);
+                    ahead[1] = RowPrefetch::new();
+                    if job.ks[3] == 1 {
+                        ahead[1].push(kbase.offset(next as isize * job.ks[2]), job.ks[2], nk2, d);
                     }
-                    if job.vs[3] == 1 && dv > 0 {
-                        prefetch_rows(vbase.offset(next as isize * job.vs[2]), job.vs[2], nk2, dv);
+                    if job.vs[3] == 1 {
+                        ahead[1].push(vbase.offset(next as isize * job.vs[2]), job.vs[2], nk2, dv);
                     }
+                    let steps = sub_kend[..nsub].iter().filter(|&&e| j0 < e).count() * tiles_per_block;
+                    ahead[1].pace(steps, steps);
                 }
                 for sub in 0..nsub {
                     if j0 >= sub_kend[sub] {
@@ -864,29 +1033,33 @@ macro_rules! flash_core {
                     let (m, l, ot) = (sc.m.ptr().add(sub * BQ), sc.l.ptr().add(sub * BQ), sc.ot.ptr().add(sub * dv * BQ));
                     let qt = sc.qt.ptr().add(sub * d * BQ);
                     let alpha = sc.alpha.ptr();
+                    // Without a mask, soft-cap or causal rule the scores are final as Q·Kᵀ
+                    // computes them, which folds them into the running max on the way.
+                    let fuse = !needs_bias;
                     // A block with at most LANES live queries (decoding, short tails) computes one
                     // vector column instead of NR.
                     if nq <= LANES {
-                        qk_block::<1>(kp, d as isize, 1, d, nk_sub, qt, s);
+                        let mut mx = load_max::<1>(m);
+                        qk_block::<1>(kp, d as isize, 1, d, nk_sub, qt, s, &mut ahead, fuse.then_some(&mut mx));
                         if needs_bias {
                             bias_block::<1>(job, b, h, i0, nq, j0, nk_sub, s);
                         }
-                        softmax_block::<1>(s, nk_sub, m, l, alpha);
-                        pv_block::<1>(vp, dv as isize, 1, dv, nk_sub, s, ot, alpha);
+                        let rescale = softmax_block::<1>(s, nk_sub, m, l, alpha, fuse.then_some(mx));
+                        pv_block::<1>(vp, dv as isize, 1, dv, nk_sub, s, ot, alpha, rescale, &mut ahead);
                     } else {
-                        qk_block::<NR>(kp, d as isize, 1, d, nk_sub, qt, s);
+                        let mut mx = load_max::<NR>(m);
+                        qk_block::<NR>(kp, d as isize, 1, d, nk_sub, qt, s, &mut ahead, fuse.then_some(&mut mx));
                         if needs_bias {
                             bias_block::<NR>(job, b, h, i0, nq, j0, nk_sub, s);
                         }
-                        softmax_block::<NR>(s, nk_sub, m, l, alpha);
-                        pv_block::<NR>(vp, dv as isize, 1, dv, nk_sub, s, ot, alpha);
+                        let rescale = softmax_block::<NR>(s, nk_sub, m, l, alpha, fuse.then_some(mx));
+                        pv_block::<NR>(vp, dv as isize, 1, dv, nk_sub, s, ot, alpha, rescale, &mut ahead);
                     }
                 }
                 j0 += nk;
             }
 
             // Normalize and scatter Oᵀ into the caller's layout. l == 0: every key masked → 0.
-            let obase = job.out.offset(b as isize * job.os[0] + h as isize * job.os[1]);
             for sub in 0..nsub {
                 let i0 = t0 + sub * BQ;
                 let nq = BQ.min(job.q_len - i0);

@@ -69,6 +69,12 @@ fn vexp2(x: V) -> V {
     x.map(f32::exp2)
 }
 
+/// Whether every lane of `v` is exactly 1 (a softmax rescale factor that changes nothing).
+#[inline]
+fn vall_one(v: V) -> bool {
+    v.iter().all(|&x| x == 1.0)
+}
+
 /// `v` with `−inf` lanes replaced by 0 (the safe softmax reference of a still-empty row).
 #[inline]
 fn vzero_if_neg_inf(v: V) -> V {
