@@ -310,7 +310,7 @@ fn interleaved_share(isa: Isa, len: usize, rounds: usize) -> Shares {
         .num_threads(1)
         .build()
         .expect("thread pool");
-    let mut ratios: Vec<f64> = pool.install(|| {
+    let ratios: Vec<f64> = pool.install(|| {
         p.run(isa, Variant::Dense, false);
         (0..rounds)
             .map(|_| {
@@ -321,13 +321,12 @@ fn interleaved_share(isa: Isa, len: usize, rounds: usize) -> Shares {
             })
             .collect()
     });
-    ratios.sort_by(f64::total_cmp);
-    let at = |f: f64| ratios[((ratios.len() - 1) as f64 * f).round() as usize];
+    let [p25, median, p75] = attnrt_benches::quartiles(&ratios);
     Shares {
         rounds,
-        p25: at(0.25),
-        median: at(0.5),
-        p75: at(0.75),
+        p25,
+        median,
+        p75,
     }
 }
 

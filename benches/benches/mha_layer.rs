@@ -17,9 +17,16 @@
 //! tract's matmuls and the kernel (`attnrt_runtime::Threads`), and ORT gets as many intra-op
 //! threads.
 //!
+//! Criterion's medians of the paths are taken minutes apart, and this machine's speed moves from
+//! minute to minute; so after them the bench also runs *paired rounds* (`PAIRED` lines): per
+//! round, attnrt's fused layer, tract's unfused one and ONNX Runtime's `Attention` layer (a
+//! persistent `ort_bench.py --serve` child) back to back, and prints the quartiles of the
+//! per-round ratios — the same-moment comparison the targets are judged by.
+//!
 //! Run: `cargo bench -p attnrt-benches --bench mha_layer`. Environment overrides:
 //! `ATTNRT_BENCH_LENS=512,2048` (the 2-thread lengths), `ATTNRT_BENCH_SINGLE=2048` (the 1-thread
-//! lengths; empty for none), `ATTNRT_BENCH_ORT=0` to skip ONNX Runtime.
+//! lengths; empty for none), `ATTNRT_BENCH_ORT=0` to skip ONNX Runtime, `ATTNRT_BENCH_PAIRED=0`
+//! to skip the paired rounds.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -27,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use attnrt_benches::graphs::mha_layer_model;
 use attnrt_benches::{
-    attention_flops, check_same_output, env_list, fmt_opt, fuse_expecting, machine_note, ort,
-    random_input, session, Samples, Table, BERT_BASE_ATTENTION,
+    attention_flops, check_same_output, env_list, fmt_opt, fuse_expecting, machine_note, median,
+    ort, quartiles, random_input, session, Samples, Table, BERT_BASE_ATTENTION,
 };
 use attnrt_runtime::{Backend, NamedTensor, Threads};
 use criterion::{
@@ -206,6 +213,98 @@ fn benches(c: &mut Criterion) {
                 .map(|((f, t, l), r)| format!("{f} t{t} L{l}: {:.0}", r.1))
                 .collect::<Vec<_>>()
                 .join(", ")
+        );
+    }
+    if std::env::var("ATTNRT_BENCH_PAIRED").as_deref() != Ok("0") {
+        paired_rounds(&cases, &pools, &fused, &unfused);
+    }
+}
+
+/// Rounds of attnrt fused, tract unfused and ONNX Runtime's `Attention` layer timed back to back
+/// (see the module docs); prints the quartiles of the per-round ratios, one `PAIRED` line per case.
+fn paired_rounds(
+    cases: &[(usize, usize)],
+    pools: &BTreeMap<usize, Threads>,
+    fused: &attnrt_onnx::ModelProto,
+    unfused: &attnrt_onnx::ModelProto,
+) {
+    let with_ort = std::env::var("ATTNRT_BENCH_ORT").as_deref() != Ok("0");
+    println!(
+        "\npaired rounds: per round the fused layer (attnrt), the unfused one (tract) and ONNX Runtime's Attention layer, each the median of a few runs back to back; quartiles of the per-round ratios"
+    );
+    println!(
+        "{:<12} {:>6} {:>10} {:>26} {:>26}",
+        "case", "rounds", "fused ms", "tract unfused / fused", "ORT Attention / fused"
+    );
+    for &(t, len) in cases {
+        let threads = &pools[&t];
+        let inputs = vec![random_input("x", &[1, len, 768], 5).expect("input")];
+        let name = case("paired", t, len);
+        let f = session(fused, &inputs, threads, &name, Backend::Attnrt).expect("session");
+        let u = session(unfused, &inputs, threads, &name, Backend::Tract).expect("session");
+        let mut server = if with_ort {
+            match ort::OrtServer::start("attention_op", len, t) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("ONNX Runtime pairing failed: {e:#}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let (rounds, runs) = if len >= 2048 { (12, 3) } else { (16, 5) };
+        let time = |s: &attnrt_runtime::Session| {
+            let ms: Vec<f64> = (0..runs)
+                .map(|_| {
+                    let start = Instant::now();
+                    std::hint::black_box(s.run(&inputs).expect("run"));
+                    start.elapsed().as_secs_f64() * 1e3
+                })
+                .collect();
+            median(&ms)
+        };
+        // Each path's worker threads must be idle before the next path starts: ONNX Runtime's
+        // spin for ≈ 50 ms after a run (measured: 0.05 CPU-s in the 0.1 s after a run, none
+        // after), which a shorter pause would let steal a core from the next attnrt run.
+        let idle = || std::thread::sleep(Duration::from_millis(150));
+        // Warm-up of both sessions (the server warmed up before answering).
+        time(&f);
+        time(&u);
+        let (mut fused_ms, mut unfused_ratio, mut ort_ratio) = (vec![], vec![], vec![]);
+        for _ in 0..rounds {
+            let fm = time(&f);
+            idle();
+            let um = time(&u);
+            idle();
+            if let Some(s) = server.as_mut() {
+                match s.time(runs) {
+                    Ok(ms) => ort_ratio.push(median(&ms) / fm),
+                    Err(e) => {
+                        eprintln!("ONNX Runtime pairing failed: {e:#}");
+                        server = None;
+                    }
+                }
+                idle();
+            }
+            fused_ms.push(fm);
+            unfused_ratio.push(um / fm);
+        }
+        let show = |r: &[f64]| {
+            if r.is_empty() {
+                "–".to_string()
+            } else {
+                let [p25, m, p75] = quartiles(r);
+                format!("{m:.2} ({p25:.2}–{p75:.2})")
+            }
+        };
+        println!(
+            "PAIRED {:<12} {:>6} {:>10.1} {:>26} {:>26}",
+            format!("t{t} L{len}"),
+            rounds,
+            median(&fused_ms),
+            show(&unfused_ratio),
+            show(&ort_ratio)
         );
     }
 }

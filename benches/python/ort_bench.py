@@ -14,6 +14,12 @@ timed runs is printed (and with --json, one JSON object on stdout for the Rust b
 
 Usage:
   python benches/python/ort_bench.py [--lens 512,2048] [--threads 2] [--reps 10] [--json]
+  python benches/python/ort_bench.py --serve --forms attention_op --lens 2048 [--threads 2]
+
+--serve keeps one session (one form, one length) and times it on demand, so that the Rust benches
+can alternate its runs with attnrt's and compare them at the same moment: it prints one JSON line
+{"ready": true, "onnxruntime": version} after the warm-up, then answers each stdin line "run N"
+with {"ms": [N per-run times]}, and "quit" (or end of input) with {"peak_rss_mb": ...}.
 
 Exit status 3 when onnxruntime or onnx cannot be imported (the Rust benches then skip ORT).
 """
@@ -91,8 +97,8 @@ def build_layer(form, seed=0):
     return model
 
 
-def run_case(form, length, threads, warmup, reps):
-    """Builds, checks and times one case in this process; returns a dict."""
+def make_session(form, length, threads):
+    """A checked ORT session of the layer and an input of `length` tokens."""
     import numpy as np
     import onnx
     import onnxruntime as ort
@@ -105,7 +111,45 @@ def run_case(form, length, threads, warmup, reps):
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).uniform(-1, 1, (1, length, D_MODEL)).astype(np.float32)
-    feed = {"x": x}
+    return sess, {"x": x}
+
+
+def check_output(out, form, length):
+    import numpy as np
+
+    if out.shape != (1, length, D_MODEL) or not np.isfinite(out).all():
+        raise RuntimeError(f"{form} L={length}: bad output shape {out.shape} or non-finite values")
+
+
+def serve(form, length, threads, warmup):
+    """The --serve loop (see the module docs)."""
+    import onnxruntime as ort
+
+    sess, feed = make_session(form, length, threads)
+    for _ in range(max(warmup, 1)):
+        check_output(sess.run(None, feed)[0], form, length)
+    print(json.dumps({"ready": True, "onnxruntime": ort.__version__}), flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd or cmd[0] == "quit":
+            break
+        if cmd[0] != "run" or len(cmd) != 2 or not cmd[1].isdigit():
+            print(json.dumps({"error": f"unknown command {line.strip()!r}"}), flush=True)
+            continue
+        times = []
+        for _ in range(int(cmd[1])):
+            t = time.perf_counter()
+            sess.run(None, feed)
+            times.append((time.perf_counter() - t) * 1e3)
+        print(json.dumps({"ms": times}), flush=True)
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
+
+
+def run_case(form, length, threads, warmup, reps):
+    """Builds, checks and times one case in this process; returns a dict."""
+    import onnxruntime as ort
+
+    sess, feed = make_session(form, length, threads)
     for _ in range(warmup):
         sess.run(None, feed)
     times = []
@@ -113,8 +157,7 @@ def run_case(form, length, threads, warmup, reps):
         t = time.perf_counter()
         out = sess.run(None, feed)[0]
         times.append((time.perf_counter() - t) * 1e3)
-    if out.shape != (1, length, D_MODEL) or not np.isfinite(out).all():
-        raise RuntimeError(f"{form} L={length}: bad output shape {out.shape} or non-finite values")
+    check_output(out, form, length)
     return {
         "form": form,
         "len": length,
@@ -138,6 +181,7 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serve", action="store_true", help="time one form and length on demand (see above)")
     args = ap.parse_args()
 
     try:
@@ -158,6 +202,12 @@ def main():
             ap.error(f"--forms: unknown form {f!r}; expected one of {FORMS}")
     if args.threads < 1 or args.reps < 1 or args.warmup < 0:
         ap.error("--threads and --reps must be >= 1, --warmup >= 0")
+
+    if args.serve:
+        if len(forms) != 1 or len(lens) != 1:
+            ap.error("--serve takes exactly one form (--forms) and one length (--lens)")
+        serve(forms[0], lens[0], args.threads, args.warmup)
+        return
 
     if args.child:
         # One case, JSON on stdout for the parent.

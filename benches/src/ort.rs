@@ -5,8 +5,9 @@
 //! `python3`. ORT is optional: without onnxruntime the script exits with status 3 and the
 //! benches print that ORT was skipped.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -104,6 +105,115 @@ pub fn run(lens: &[usize], threads: usize, reps: usize) -> Result<Option<Vec<Ort
     parse(line).map(Some)
 }
 
+/// One ONNX Runtime session kept in a Python child (`ort_bench.py --serve`) and timed on demand,
+/// so that its runs can alternate with attnrt's and the two be compared at the same moment (this
+/// machine's speed changes from minute to minute; a ratio of medians taken minutes apart moves
+/// with it).
+pub struct OrtServer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// onnxruntime's version.
+    pub version: String,
+}
+
+impl OrtServer {
+    /// Starts the child for the layer as `form` at `len` tokens with `threads` intra-op threads
+    /// and waits until it has warmed up. `Ok(None)` when the interpreter or onnxruntime is
+    /// missing (a reason is printed on stderr).
+    pub fn start(form: &str, len: usize, threads: usize) -> Result<Option<Self>> {
+        let py = python();
+        let mut child = match Command::new(&py)
+            .arg(script_path())
+            .args(["--serve", "--forms", form, "--lens", &len.to_string()])
+            .args(["--threads", &threads.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!(
+                    "ONNX Runtime comparison skipped: cannot start {}: {e}",
+                    py.display()
+                );
+                return Ok(None);
+            }
+        };
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            bail!("ort_bench.py --serve: no pipes to the child");
+        };
+        let mut server = OrtServer {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+            version: String::new(),
+        };
+        let ready = match server.reply() {
+            Ok(v) => v,
+            Err(e) => {
+                // Exit status 3: onnxruntime or onnx cannot be imported (the script said so).
+                if let Ok(Some(status)) = server.child.try_wait() {
+                    if status.code() == Some(3) {
+                        eprintln!("ONNX Runtime comparison skipped (see above)");
+                        return Ok(None);
+                    }
+                }
+                return Err(e.context(format!("ort_bench.py --serve {form} L={len}")));
+            }
+        };
+        if ready["ready"].as_bool() != Some(true) {
+            bail!("ort_bench.py --serve {form} L={len}: unexpected first line {ready}");
+        }
+        server.version = ready["onnxruntime"].as_str().unwrap_or("?").to_string();
+        Ok(Some(server))
+    }
+
+    /// Times `runs` runs; milliseconds per run.
+    pub fn time(&mut self, runs: usize) -> Result<Vec<f64>> {
+        writeln!(self.stdin, "run {runs}").context("writing to ort_bench.py --serve")?;
+        self.stdin
+            .flush()
+            .context("writing to ort_bench.py --serve")?;
+        let v = self.reply()?;
+        let ms = v["ms"]
+            .as_array()
+            .with_context(|| format!("ort_bench.py --serve answered {v}"))?;
+        ms.iter()
+            .map(|x| {
+                x.as_f64()
+                    .with_context(|| format!("non-numeric time in {v}"))
+            })
+            .collect()
+    }
+
+    /// The next JSON line from the child.
+    fn reply(&mut self) -> Result<Value> {
+        let mut line = String::new();
+        let n = self
+            .stdout
+            .read_line(&mut line)
+            .context("reading from ort_bench.py --serve")?;
+        if n == 0 {
+            let status = self
+                .child
+                .wait()
+                .context("waiting for ort_bench.py --serve")?;
+            bail!("ort_bench.py --serve exited ({status}) without answering");
+        }
+        serde_json::from_str(line.trim())
+            .with_context(|| format!("ort_bench.py --serve printed {line:?}"))
+    }
+}
+
+impl Drop for OrtServer {
+    fn drop(&mut self) {
+        // Nothing the child would still print is needed; make sure it is gone.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Parses the script's `--json` output.
 pub fn parse(json: &str) -> Result<Vec<OrtResult>> {
     let v: Value = serde_json::from_str(json).context("ort_bench.py output is not JSON")?;
@@ -146,5 +256,34 @@ mod tests {
         assert_eq!(r[0].version, "1.31.1");
         assert!(parse(r#"{"results": [{"form": "x"}]}"#).is_err());
         assert!(parse("not json").is_err());
+    }
+
+    #[test]
+    fn a_served_session_times_runs_on_demand() {
+        // `scripts/test.sh` sets ATTNRT_PYTHON to a venv with onnx and onnxruntime; elsewhere
+        // the server may be unavailable, which `start` reports as `None`.
+        let Some(mut server) = OrtServer::start("attention_op", 16, 1).unwrap() else {
+            assert!(
+                std::env::var_os("ATTNRT_PYTHON").is_none(),
+                "ATTNRT_PYTHON is set, yet ort_bench.py --serve did not start"
+            );
+            eprintln!("skipped: no Python with onnxruntime");
+            return;
+        };
+        assert!(!server.version.is_empty() && server.version != "?");
+        for runs in [3, 1] {
+            let ms = server.time(runs).unwrap();
+            assert_eq!(ms.len(), runs);
+            assert!(ms.iter().all(|&x| x.is_finite() && x > 0.0), "{ms:?}");
+        }
+        // A child that exits at once (unknown form: argparse's usage error) is an error that
+        // names the script, not a hang.
+        let err = OrtServer::start("no_such_form", 16, 1)
+            .err()
+            .expect("an error");
+        assert!(
+            format!("{err:#}").contains("ort_bench.py --serve"),
+            "{err:#}"
+        );
     }
 }
