@@ -232,14 +232,12 @@ pub const OP_NAME: &str = "AttnrtProjection";
 pub struct ProjectionOp {
     /// ONNX node name, for errors.
     pub node: String,
-    /// The weight, `[K, N]`, contiguous f32.
-    pub weight: Arc<Tensor>,
+    /// The weight `[K, N]`, packed for the product (the op's only copy of it).
+    pub weight: Arc<PackedWeight>,
     /// Scale of the product (`Gemm`'s `alpha`; 1 for `MatMul`).
     pub alpha: f32,
     /// Added to every output row (`Gemm`'s `beta·C`), `[N]` f32.
     pub bias: Option<Arc<Tensor>>,
-    /// `weight` in the layout the product reads (built once, with the op).
-    packed: Arc<PackedWeight>,
 }
 
 impl ProjectionOp {
@@ -259,27 +257,19 @@ impl ProjectionOp {
         if a.shape.last().and_then(|d| d.to_usize().ok()) != Some(k) {
             return None;
         }
+        let ws = w.try_as_plain_ram().ok()?.as_slice::<f32>().ok()?;
+        let (rows, cols) = (w.shape()[0], w.shape()[1]);
         let weight = if trans_b {
-            // Transposed once here: a contiguous [K, N] copy.
-            w.clone()
-                .into_tensor()
-                .permute_axes(&[1, 0])
-                .ok()?
-                .into_arc_tensor()
+            // `w` is `[N, K]`: element (k, j) of the product's weight is `w[j][k]`.
+            PackedWeight::from_strided(ws, cols, rows, 1, cols)
         } else {
-            w.clone()
-        };
-        let packed = {
-            let ws = weight.try_as_plain_ram().ok()?.as_slice::<f32>().ok()?;
-            let (k, n) = (weight.shape()[0], weight.shape()[1]);
-            Arc::new(PackedWeight::new(ws, k, n))
+            PackedWeight::from_strided(ws, rows, cols, cols, 1)
         };
         Some(ProjectionOp {
             node: node.to_string(),
-            weight,
+            weight: Arc::new(weight),
             alpha: 1.0,
             bias: None,
-            packed,
         })
     }
 
@@ -318,11 +308,11 @@ impl ProjectionOp {
     }
 
     fn k(&self) -> usize {
-        self.weight.shape()[0]
+        self.weight.k
     }
 
     fn n(&self) -> usize {
-        self.weight.shape()[1]
+        self.weight.n
     }
 }
 
@@ -394,7 +384,7 @@ impl EvalOp for ProjectionOp {
                 .to_plain_array_view_mut::<f32>()?
                 .into_slice()
                 .context("an output tensor is not contiguous")?;
-            project_packed(xs, &self.packed, ys, m, self.alpha, bias);
+            project_packed(xs, &self.weight, ys, m, self.alpha, bias);
         }
         Ok(tvec!(y.into_tvalue()))
     }
@@ -443,17 +433,43 @@ impl PackedWeight {
     /// Packs the row-major `w: [k, n]`.
     pub fn new(w: &[f32], k: usize, n: usize) -> Self {
         assert_eq!(w.len(), k * n, "weight of {k}×{n}");
+        Self::from_strided(w, k, n, n, 1)
+    }
+
+    /// Packs the `k × n` matrix whose element `(kk, j)` is `w[kk·k_stride + j·n_stride]`.
+    fn from_strided(w: &[f32], k: usize, n: usize, k_stride: usize, n_stride: usize) -> Self {
         let chunks = n.div_ceil(PANEL);
         let mut panels = vec![0.0f32; chunks * k * PANEL];
         for c in 0..chunks {
             let c0 = c * PANEL;
             let width = PANEL.min(n - c0);
             for kk in 0..k {
-                let dst = (c * k + kk) * PANEL;
-                panels[dst..dst + width].copy_from_slice(&w[kk * n + c0..kk * n + c0 + width]);
+                let dst = &mut panels[(c * k + kk) * PANEL..][..width];
+                let src = kk * k_stride + c0 * n_stride;
+                if n_stride == 1 {
+                    dst.copy_from_slice(&w[src..src + width]);
+                } else {
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d = w[src + i * n_stride];
+                    }
+                }
             }
         }
         PackedWeight { k, n, panels }
+    }
+}
+
+// Compared bit for bit, so that equality is total (tract compares ops, `DynEq`).
+impl PartialEq for PackedWeight {
+    fn eq(&self, other: &Self) -> bool {
+        self.k == other.k
+            && self.n == other.n
+            && self.panels.len() == other.panels.len()
+            && self
+                .panels
+                .iter()
+                .zip(&other.panels)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
     }
 }
 
