@@ -8,21 +8,7 @@
 # Needs python3 with venv and pip, and the Rust toolchain; reaches PyPI (pip) and crates.io.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
-
-venv=${ATTNRT_VENV:-$root/target/py}
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
-export ATTNRT_PYTHON="$venv/bin/python"
-
-cases=${ATTNRT_ONNX_CASES:-$root/target/onnx-attention-cases}
-if [ ! -f "$cases/cases.json" ]; then
-  "$ATTNRT_PYTHON" tests/python/fetch_onnx_attention_cases.py "$cases" \
-    --download-dir "$root/target/onnx-wheel" >/dev/null
-fi
-export ATTNRT_ONNX_CASES="$cases"
+source scripts/python-env.sh
 
 "$ATTNRT_PYTHON" tests/python/test_ort_check.py
 # A one-off build gains nothing from incremental compilation and would keep ≈ 0.3 GB of its state.

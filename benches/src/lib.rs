@@ -171,16 +171,7 @@ pub fn median(samples: &[f64]) -> f64 {
     }
 }
 
-/// Lower quartile, median and upper quartile of `samples` (the nearest ranks; zeros for none).
-pub fn quartiles(samples: &[f64]) -> [f64; 3] {
-    if samples.is_empty() {
-        return [0.0; 3];
-    }
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let at = |f: f64| s[((s.len() - 1) as f64 * f).round() as usize];
-    [at(0.25), at(0.5), at(0.75)]
-}
+pub use attnrt_runtime::quartiles;
 
 /// Per-iteration times of each benchmark case, kept alongside criterion's own analysis so the
 /// benches can print one table with medians, GFLOP/s and ratios at the end of the run.

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use attnrt_fusion::FusionOptions;
-use attnrt_runtime::{time_session, Session};
+use attnrt_runtime::{time_paired, Session};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -19,7 +19,8 @@ pub struct BenchArgs {
     /// Untimed runs before timing, per path.
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub warmup: usize,
-    /// Timed runs per path.
+    /// Timed rounds; each round runs the fused and the unfused model once, in alternating order,
+    /// so that the speedup is the median of ratios measured seconds apart.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub reps: usize,
     /// Threads for tract's matmuls and attnrt's kernel (default: all cores).
@@ -76,16 +77,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             .map(|s| s.progress_chars("=> "))
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    bar.set_message("fused");
-    let fused_t = time_session(
+    bar.set_message("timing");
+    let timing = time_paired(
         &fused_session,
-        &prepared.tensors,
-        args.warmup,
-        args.reps,
-        || bar.inc(1),
-    )?;
-    bar.set_message("unfused");
-    let unfused_t = time_session(
         &unfused_session,
         &prepared.tensors,
         args.warmup,
@@ -94,7 +88,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     )?;
     bar.finish_and_clear();
 
-    let speedup = unfused_t.median_ms / fused_t.median_ms;
+    let (fused_t, unfused_t) = (&timing.a, &timing.b);
+    let [ratio_q1, speedup, ratio_q3] = timing.ratio_b_over_a;
     if args.json {
         let v = json!({
             "model": name,
@@ -107,6 +102,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "fused": fused_t,
             "unfused": unfused_t,
             "speedup": speedup,
+            "speedup_quartiles": [ratio_q1, speedup, ratio_q3],
             "ops": {
                 "fused": crate::common::ops_json(&fused_session.op_counts()),
                 "unfused": crate::common::ops_json(&unfused_session.op_counts()),
@@ -127,12 +123,14 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     }
     println!("ops (fused): {}", fused_session.op_counts());
     println!("ops (unfused): {}", unfused_session.op_counts());
-    for (label, t) in [("fused", &fused_t), ("unfused", &unfused_t)] {
+    for (label, t) in [("fused", fused_t), ("unfused", unfused_t)] {
         println!(
-            "{label:>8}: median {:.3} ms  (min {:.3}, max {:.3}, mad {:.3}; {} reps after {} warm-up)",
+            "{label:>8}: median {:.3} ms  (min {:.3}, max {:.3}, mad {:.3}; {} rounds after {} warm-up)",
             t.median_ms, t.min_ms, t.max_ms, t.mad_ms, t.reps, args.warmup
         );
     }
-    println!("speedup (unfused/fused median): {speedup:.2}x");
+    println!(
+        "speedup (median of per-round unfused/fused): {speedup:.2}x (quartiles {ratio_q1:.2}-{ratio_q3:.2})"
+    );
     Ok(())
 }

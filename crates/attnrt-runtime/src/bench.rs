@@ -56,27 +56,73 @@ fn median_sorted(s: &[f64]) -> f64 {
     }
 }
 
-/// Runs `session` `warmup` times untimed, then `reps` times timed; `progress` is called after
-/// every run (warm-up included) so a caller can draw a progress bar.
-pub fn time_session(
-    session: &Session,
+/// Lower quartile, median and upper quartile of `samples` (the nearest ranks; zeros for none).
+pub fn quartiles(samples: &[f64]) -> [f64; 3] {
+    if samples.is_empty() {
+        return [0.0; 3];
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let at = |f: f64| s[((s.len() - 1) as f64 * f).round() as usize];
+    [at(0.25), at(0.5), at(0.75)]
+}
+
+/// Two sessions timed in alternation (see [`time_paired`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PairedTiming {
+    /// The first session's runs.
+    pub a: Timing,
+    /// The second session's runs.
+    pub b: Timing,
+    /// Quartiles `[q1, median, q3]` of the per-round ratio `b / a` (> 1: `a` is faster).
+    pub ratio_b_over_a: [f64; 3],
+}
+
+/// Times two sessions on the same inputs: `warmup` untimed runs of each, then `reps` rounds
+/// that run each session once, the order swapped every round. On a machine whose speed drifts
+/// (shared hosts, turbo), timing all of `a`'s runs and then all of `b`'s compares two different
+/// moments; the per-round ratio compares runs taken seconds apart. `progress` is called after
+/// every run, warm-up included (`2·(warmup + reps)` calls), so a caller can draw a progress bar.
+pub fn time_paired(
+    a: &Session,
+    b: &Session,
     inputs: &[NamedTensor],
     warmup: usize,
     reps: usize,
     mut progress: impl FnMut(),
-) -> Result<Timing> {
-    for _ in 0..warmup {
-        session.run(inputs)?;
-        progress();
+) -> Result<PairedTiming> {
+    for s in [a, b] {
+        for _ in 0..warmup {
+            s.run(inputs)?;
+            progress();
+        }
     }
-    let mut samples = Vec::with_capacity(reps);
-    for _ in 0..reps.max(1) {
+    let mut timed = |s: &Session| -> Result<f64> {
         let t = Instant::now();
-        session.run(inputs)?;
-        samples.push(t.elapsed().as_secs_f64() * 1e3);
+        s.run(inputs)?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
         progress();
+        Ok(ms)
+    };
+    let reps = reps.max(1);
+    let (mut ta, mut tb) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+    for round in 0..reps {
+        let (x, y) = if round % 2 == 0 {
+            let x = timed(a)?;
+            (x, timed(b)?)
+        } else {
+            let y = timed(b)?;
+            (timed(a)?, y)
+        };
+        ta.push(x);
+        tb.push(y);
     }
-    Ok(Timing::from_samples(&samples).expect("at least one sample"))
+    let ratios: Vec<f64> = ta.iter().zip(&tb).map(|(x, y)| y / x).collect();
+    Ok(PairedTiming {
+        a: Timing::from_samples(&ta).expect("at least one round"),
+        b: Timing::from_samples(&tb).expect("at least one round"),
+        ratio_b_over_a: quartiles(&ratios),
+    })
 }
 
 #[cfg(test)]
@@ -92,5 +138,7 @@ mod tests {
         assert_eq!(t.reps, 4);
         assert_eq!(t.mad_ms, 1.0);
         assert!(Timing::from_samples(&[]).is_none());
+        assert_eq!(quartiles(&[4.0, 1.0, 3.0, 2.0, 5.0]), [2.0, 3.0, 4.0]);
+        assert_eq!(quartiles(&[]), [0.0; 3]);
     }
 }

@@ -17,7 +17,7 @@ pub mod io;
 pub mod projection;
 pub mod session;
 
-pub use bench::{time_session, Timing};
+pub use bench::{quartiles, time_paired, PairedTiming, Timing};
 pub use diff::{diff_outputs, diff_tensor, OutputDiff, Tolerance};
 pub use io::{
     declared_inputs, dtype_name, prepare_inputs, read_npz_tensors, summarize, write_npz,
