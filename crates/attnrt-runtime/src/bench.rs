@@ -1,4 +1,5 @@
-//! Timing a session: warm-up runs, then timed repetitions, reported as median and spread.
+//! Timing sessions: warm-up runs, then timed rounds that alternate two sessions, reported as
+//! median and spread of each and quartiles of their per-round ratio.
 
 use std::time::Instant;
 
