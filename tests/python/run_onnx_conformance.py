@@ -86,13 +86,13 @@ def check_case(attnrt: str, case_dir: Path, case: dict, threads: int) -> tuple[b
     expect = report["expect"] or {}
     # An expansion must be fused into one Attention node, which runs on the kernel, and run on
     # both paths; an op case already holds the node: nothing to fuse, its one path runs the node.
-    path, want_blocks = ("fused", 1) if case["expanded"] else ("unfused", 0)
+    ran = ["fused", "unfused"] if case["expanded"] else ["unfused"]
+    path, want_blocks = ran[0], len(ran) - 1
     if blocks != want_blocks:
         problems.append(f"fused {blocks} attention block(s), expected {want_blocks}")
     ops = report["ops"][path]
     if not ops or ops["attention"] != 1:
         problems.append(f"the {path} graph ran {ops and ops['attention']} op(s) on attnrt's kernel, expected 1")
-    ran = ["fused", "unfused"] if case["expanded"] else ["unfused"]
     if sorted(expect) != ran:
         problems.append(f"expected runs of {ran}, got {report['ran']}")
     for p in ran:
