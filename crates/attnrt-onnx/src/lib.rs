@@ -9,6 +9,7 @@ pub mod attr;
 pub mod limits;
 pub mod load;
 pub mod opset;
+pub mod passthrough;
 pub mod save;
 pub mod tensor;
 pub mod validate;
