@@ -136,7 +136,11 @@ pub fn read_expected_fused(dir: &Path, models: &[ManifestModel]) -> Result<Expec
 
 fn parse_expected_fused(text: &str, models: &[ManifestModel]) -> Result<ExpectedFused> {
     let e: ExpectedFused = serde_json::from_str(text)?;
-    if let Some(f) = e.files.keys().find(|f| !models.iter().any(|m| &m.file == *f)) {
+    if let Some(f) = e
+        .files
+        .keys()
+        .find(|f| !models.iter().any(|m| &m.file == *f))
+    {
         anyhow::bail!("'{f}' is not in the manifest");
     }
     Ok(e)
@@ -192,7 +196,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m.expected_fused(&e), 0);
-        let stale = parse_expected_fused(r#"{"files": {"gone.onnx": {"fused": 0, "reason": "r"}}}"#, &models);
+        let stale = parse_expected_fused(
+            r#"{"files": {"gone.onnx": {"fused": 0, "reason": "r"}}}"#,
+            &models,
+        );
         assert!(stale.unwrap_err().to_string().contains("gone.onnx"));
     }
 
