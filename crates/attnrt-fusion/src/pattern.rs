@@ -9,16 +9,18 @@
 //! matches a `MatMul` producing the tensor, whose first input matches `probs()` and whose second
 //! input is anything (captured as `v`). [`Pat::Alt`] lists exporter variants under a tag;
 //! commutative ops try both input orders; a name captured twice must bind the same tensor (so
-//! `Where(IsNaN(p), 0, p)` is one pattern). A failed match says why, never just "no".
+//! `Where(IsNaN(p), 0, p)` is one pattern). A failed match is a [`Mismatch`] naming the node and
+//! the check, never just "no".
 
 use std::collections::BTreeMap;
 
 use attnrt_onnx::NodeProto;
 
 use crate::graph::{GraphView, Value};
+use crate::mismatch::{Check, Mismatch};
 
-/// A predicate on a matched node (attributes, constant inputs); `Err` says what was expected.
-pub type NodeCheck = fn(&GraphView, &NodeProto) -> Result<(), String>;
+/// A predicate on a matched node (attributes, constant inputs).
+pub type NodeCheck = fn(&GraphView, &NodeProto) -> Result<(), Mismatch>;
 
 /// A pattern for the tensor at some position.
 #[derive(Clone)]
@@ -124,11 +126,13 @@ impl Captures {
         self.tags.contains(&tag)
     }
 
-    fn bind_tensor(&mut self, name: &'static str, tensor: &str) -> Result<(), Failure> {
+    fn bind_tensor(&mut self, name: &'static str, tensor: &str) -> Result<(), Mismatch> {
         match self.tensors.get(name) {
-            Some(t) if t != tensor => Err(Failure::new(
-                tensor,
-                format!("'{name}' is bound to '{t}', not '{tensor}'"),
+            Some(t) if t != tensor => Err(Mismatch::new(
+                format!("'{tensor}'"),
+                Check::Binding,
+                format!("'{name}' to be '{t}' as elsewhere in the pattern"),
+                format!("'{tensor}'"),
             )),
             Some(_) => Ok(()),
             None => {
@@ -139,22 +143,11 @@ impl Captures {
     }
 }
 
-/// Why a pattern did not match: the tensor where it failed and what was expected.
-#[derive(Clone, Debug)]
-pub struct Failure {
-    /// The tensor where matching stopped.
-    pub tensor: String,
-    /// What was expected there.
-    pub reason: String,
-}
-
-impl Failure {
-    fn new(tensor: &str, reason: String) -> Failure {
-        Failure {
-            tensor: tensor.to_string(),
-            reason,
-        }
-    }
+/// How a tensor is named in a failure: its producer's label, else the name quoted.
+fn where_(view: &GraphView, tensor: &str) -> String {
+    view.producer(tensor)
+        .map(|p| attnrt_onnx::node_label(view.node(p)))
+        .unwrap_or_else(|| format!("'{tensor}'"))
 }
 
 /// Matches `pat` against `tensor`, adding to `caps`. On failure `caps` may hold partial
@@ -164,115 +157,144 @@ pub fn match_tensor(
     tensor: &str,
     pat: &Pat,
     caps: &mut Captures,
-) -> Result<(), Failure> {
+) -> Result<(), Mismatch> {
     match pat {
         Pat::Any(name) => caps.bind_tensor(name, tensor),
         Pat::Scalar(name) => match view.value(tensor) {
             Some(v @ (Value::Floats(..) | Value::Ints(..))) if v.scalar_f64().is_some() => {
                 caps.bind_tensor(name, tensor)
             }
-            _ => Err(Failure::new(
-                tensor,
-                format!("{name}: '{tensor}' is not a single number known before run time"),
+            _ => Err(Mismatch::new(
+                where_(view, tensor),
+                Check::OpType,
+                format!("{name}: a single number known before run time"),
+                format!("'{tensor}' is not a single number known before run time"),
             )),
         },
-        Pat::Alt(alts) => {
-            let mut reasons = Vec::new();
-            for (tag, p) in alts {
-                let mut trial = caps.clone();
-                match match_tensor(view, tensor, p, &mut trial) {
-                    Ok(()) => {
-                        trial.tags.push(tag);
-                        *caps = trial;
-                        return Ok(());
-                    }
-                    Err(f) => reasons.push(format!("{tag}: {}", f.reason)),
-                }
+        Pat::Alt(alts) => match_alt(view, tensor, alts, caps),
+        Pat::Op(o) => match_op(view, tensor, o, caps),
+    }
+}
+
+/// The first alternative that matches, its tag recorded; else every alternative's failure.
+fn match_alt(
+    view: &GraphView,
+    tensor: &str,
+    alts: &[(&'static str, Pat)],
+    caps: &mut Captures,
+) -> Result<(), Mismatch> {
+    let mut reasons = Vec::new();
+    for (tag, p) in alts {
+        let mut trial = caps.clone();
+        match match_tensor(view, tensor, p, &mut trial) {
+            Ok(()) => {
+                trial.tags.push(tag);
+                *caps = trial;
+                return Ok(());
             }
-            Err(Failure::new(
-                tensor,
-                format!("no variant matched ({})", reasons.join("; ")),
+            Err(m) => reasons.push(format!("{tag}: at {}: {}", m.node, m.reason())),
+        }
+    }
+    let tags: Vec<&str> = alts.iter().map(|(t, _)| *t).collect();
+    Err(Mismatch::new(
+        where_(view, tensor),
+        Check::Variant,
+        format!("one of the variants {}", tags.join(", ")),
+        format!("no variant matched ({})", reasons.join("; ")),
+    ))
+}
+
+/// A node of one of `o.ops` producing `tensor`, with inputs matching `o.inputs`.
+fn match_op(
+    view: &GraphView,
+    tensor: &str,
+    o: &OpPat,
+    caps: &mut Captures,
+) -> Result<(), Mismatch> {
+    let idx = producer_of(view, tensor, o)?;
+    let node = view.node(idx);
+    let label = || attnrt_onnx::node_label(node);
+    let inputs: Vec<&str> = node.input.iter().map(String::as_str).collect();
+    if inputs.len() != o.inputs.len() {
+        return Err(Mismatch::new(
+            label(),
+            Check::Inputs,
+            format!("{}: {} inputs", o.name, o.inputs.len()),
+            format!("{} inputs", inputs.len()),
+        ));
+    }
+    for check in &o.checks {
+        check(view, node)?;
+    }
+    match caps.nodes.get(o.name) {
+        Some(&prev) if prev != idx => {
+            return Err(Mismatch::new(
+                label(),
+                Check::Binding,
+                format!(
+                    "'{}' to be {} as elsewhere in the pattern",
+                    o.name,
+                    attnrt_onnx::node_label(view.node(prev))
+                ),
+                "another node".to_string(),
             ))
         }
-        Pat::Op(o) => {
-            let Some(idx) = view.producer(tensor) else {
-                return Err(Failure::new(
-                    tensor,
-                    format!(
-                        "{}: '{tensor}' is not produced by a node (expected {})",
-                        o.name,
-                        o.ops.join("|")
-                    ),
-                ));
-            };
-            let node = view.node(idx);
-            if !attnrt_onnx::opset::is_default_domain(&node.domain)
-                || !o.ops.contains(&node.op_type.as_str())
-            {
-                return Err(Failure::new(
-                    tensor,
-                    format!(
-                        "{}: expected {} producing '{tensor}', found {} ({})",
-                        o.name,
-                        o.ops.join("|"),
-                        node.op_type,
-                        attnrt_onnx::node_label(node)
-                    ),
-                ));
+        _ => {}
+    }
+    let orders: &[&[usize]] = if o.commutative && inputs.len() == 2 {
+        &[&[0, 1], &[1, 0]]
+    } else {
+        &[&[]]
+    };
+    let mut last = None;
+    for order in orders {
+        let mut trial = caps.clone();
+        let res = o.inputs.iter().enumerate().try_for_each(|(k, p)| {
+            let i = order.get(k).copied().unwrap_or(k);
+            match_tensor(view, inputs[i], p, &mut trial)
+        });
+        match res {
+            Ok(()) => {
+                trial.nodes.insert(o.name, idx);
+                trial.bind_tensor(o.name, tensor)?;
+                *caps = trial;
+                return Ok(());
             }
-            let inputs: Vec<&str> = node.input.iter().map(String::as_str).collect();
-            if inputs.len() != o.inputs.len() {
-                return Err(Failure::new(
-                    tensor,
-                    format!(
-                        "{}: {} has {} inputs, expected {}",
-                        o.name,
-                        attnrt_onnx::node_label(node),
-                        inputs.len(),
-                        o.inputs.len()
-                    ),
-                ));
-            }
-            for check in &o.checks {
-                check(view, node).map_err(|r| {
-                    Failure::new(
-                        tensor,
-                        format!("{} {}: {r}", o.name, attnrt_onnx::node_label(node)),
-                    )
-                })?;
-            }
-            match caps.nodes.get(o.name) {
-                Some(&prev) if prev != idx => {
-                    return Err(Failure::new(
-                        tensor,
-                        format!("'{}' bound to another node", o.name),
-                    ))
-                }
-                _ => {}
-            }
-            let orders: Vec<Vec<usize>> = if o.commutative && inputs.len() == 2 {
-                vec![vec![0, 1], vec![1, 0]]
-            } else {
-                vec![(0..inputs.len()).collect()]
-            };
-            let mut last = None;
-            for order in orders {
-                let mut trial = caps.clone();
-                let res = order
-                    .iter()
-                    .zip(&o.inputs)
-                    .try_for_each(|(&i, p)| match_tensor(view, inputs[i], p, &mut trial));
-                match res {
-                    Ok(()) => {
-                        trial.nodes.insert(o.name, idx);
-                        trial.bind_tensor(o.name, tensor)?;
-                        *caps = trial;
-                        return Ok(());
-                    }
-                    Err(f) => last = Some(f),
-                }
-            }
-            Err(last.unwrap_or_else(|| Failure::new(tensor, "no input order matched".into())))
+            Err(f) => last = Some(f),
         }
+    }
+    Err(last.expect("at least one input order is tried"))
+}
+
+/// The node producing `tensor`, which must be one of `o.ops` (default domain).
+fn producer_of(view: &GraphView, tensor: &str, o: &OpPat) -> Result<usize, Mismatch> {
+    let expected = || format!("{}: {} producing '{tensor}'", o.name, o.ops.join("|"));
+    let Some(idx) = view.producer(tensor) else {
+        return Err(Mismatch::new(
+            format!("'{tensor}'"),
+            Check::OpType,
+            expected(),
+            "not produced by a node",
+        ));
+    };
+    let node = view.node(idx);
+    if !attnrt_onnx::opset::is_default_domain(&node.domain)
+        || !o.ops.contains(&node.op_type.as_str())
+    {
+        return Err(Mismatch::new(
+            attnrt_onnx::node_label(node),
+            Check::OpType,
+            expected(),
+            format!("{}{}", domain_prefix(&node.domain), node.op_type),
+        ));
+    }
+    Ok(idx)
+}
+
+fn domain_prefix(domain: &str) -> String {
+    if attnrt_onnx::opset::is_default_domain(domain) {
+        String::new()
+    } else {
+        format!("{domain}::")
     }
 }

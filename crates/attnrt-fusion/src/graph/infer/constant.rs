@@ -4,7 +4,7 @@
 use attnrt_onnx::proto::tensor_proto::DataType;
 use attnrt_onnx::{attr, NodeProto};
 
-use super::Facts;
+use super::facts::Facts;
 use crate::graph::dim::Dim;
 use crate::graph::value::{cast_value, tensor_value, Value, MAX_VALUE_ELEMENTS};
 

@@ -5,7 +5,7 @@
 use attnrt_onnx::proto::tensor_proto::DataType;
 use attnrt_onnx::NodeProto;
 
-use super::Facts;
+use super::facts::Facts;
 use crate::graph::dim::{broadcast_all, Dim};
 use crate::graph::value::Value;
 

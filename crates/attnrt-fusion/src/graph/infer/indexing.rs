@@ -5,7 +5,7 @@
 
 use attnrt_onnx::{attr, NodeProto};
 
-use super::{axis, Facts};
+use super::facts::{axis, Facts};
 use crate::graph::dim::Dim;
 use crate::graph::value::Value;
 

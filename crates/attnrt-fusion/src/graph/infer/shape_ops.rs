@@ -4,7 +4,7 @@
 
 use attnrt_onnx::{attr, NodeProto};
 
-use super::{axis, Facts};
+use super::facts::{axis, Facts};
 use crate::graph::dim::{broadcast, product, Dim};
 use crate::graph::value::Value;
 

@@ -1,0 +1,208 @@
+//! The attention core, matched from its Softmax down to the QK product:
+//!
+//! ```text
+//! context = MatMul(probs(Softmax(layers(MatMul(Q, Kᵀ)))), V)
+//! layers  = (scale | softcap | mask | same-type Cast)*     from the Softmax input down
+//! ```
+//!
+//! Each layer has its own file ([`super::scale`], [`super::softcap`],
+//! [`super::mask_layers`]); this file walks them in order, checks the order is one the op can
+//! express (scale, then softcap, then masks), and records the path for `qk_matmul_output`.
+
+use std::collections::BTreeSet;
+
+use attnrt_onnx::node_label;
+
+use super::mask_layers;
+use super::probs::{self, same_float_cast};
+use super::qk_output::Stage;
+use super::scale::{scaled_operand, Scale};
+use super::softcap;
+use crate::graph::{Dim, GraphView};
+use crate::masks::MaskLayer;
+use crate::mismatch::{Check, Mismatch};
+use crate::pattern::{match_tensor, op, Captures, Pat};
+
+/// A matched attention core: Q, Kᵀ and V as the products read them, and every layer between.
+#[derive(Clone, Debug)]
+pub struct Core {
+    /// The Softmax node.
+    pub softmax: usize,
+    /// The Softmax output.
+    pub softmax_out: String,
+    /// The QK MatMul node.
+    pub qk: usize,
+    /// Q as the QK MatMul reads it (after any split scale).
+    pub q: String,
+    /// Kᵀ as the QK MatMul reads it (after any split scale).
+    pub kt: String,
+    /// V as the context MatMul reads it.
+    pub v: String,
+    /// The context MatMul's output.
+    pub output: String,
+    /// The scale of every scale layer.
+    pub scale: Scale,
+    /// Mask layers, innermost (closest to the QK MatMul) first.
+    pub masks: Vec<MaskLayer>,
+    /// The softcap, when the scores are capped.
+    pub softcap: Option<f32>,
+    /// The scores path from the Softmax input down to the QK product, with what produced each.
+    pub path: Vec<(String, Stage)>,
+    /// The nodes the fused node replaces.
+    pub nodes: BTreeSet<usize>,
+    /// The exporter variants matched, in match order.
+    pub tags: Vec<String>,
+}
+
+/// `MatMul(Q, Kᵀ)` with an optional constant or shape-computed factor on either side.
+pub fn qk() -> Pat {
+    op(
+        "qk",
+        &["MatMul"],
+        [
+            scaled_operand("q_scale", "q", "q_factor", "q-scale", "q"),
+            scaled_operand("k_scale", "kt", "k_factor", "k-scale", "k"),
+        ],
+    )
+}
+
+/// Matches the core of the block whose Softmax is node `sm`.
+pub fn match_core(view: &GraphView, sm: usize) -> Result<Core, Mismatch> {
+    let p = probs::match_probs(view, sm)?;
+    let mut core = Core {
+        softmax: sm,
+        softmax_out: view.node(sm).output[0].clone(),
+        qk: 0,
+        q: String::new(),
+        kt: String::new(),
+        v: p.v,
+        output: p.context,
+        scale: Scale::default(),
+        masks: Vec::new(),
+        softcap: None,
+        path: Vec::new(),
+        nodes: p.nodes,
+        tags: p.tags,
+    };
+    let mut cur = p.scores;
+    let qk_caps = loop {
+        let at = view.producer(&cur).ok_or_else(|| {
+            Mismatch::new(
+                node_label(view.node(sm)),
+                Check::ScoresPath,
+                "scores computed by a MatMul",
+                format!("scores '{cur}' are not computed by a node"),
+            )
+        })?;
+        if view.node(at).op_type == "MatMul" {
+            let mut c = Captures::default();
+            match_tensor(view, &cur, &qk(), &mut c)?;
+            core.path.push((cur.clone(), Stage::MatMul));
+            break c;
+        }
+        cur = core.layer(view, at, cur)?;
+    };
+    core.masks.reverse();
+    let qk_out = qk_caps
+        .tensor("qk")
+        .and_then(|t| view.shape(t))
+        .map(<[Dim]>::to_vec);
+    mask_layers::drop_zero_terms(view, &mut core.masks, qk_out.as_deref(), &mut core.tags);
+    core.tags.extend(
+        qk_caps
+            .tags
+            .iter()
+            .filter(|t| !matches!(**t, "q" | "k"))
+            .map(|t| t.to_string()),
+    );
+    core.nodes.extend(qk_caps.nodes.values().copied());
+    core.scale.split(view, &qk_caps);
+    core.qk = qk_caps.node("qk").unwrap_or(0);
+    core.scale.check(view, core.qk)?;
+    core.q = qk_caps.tensor("q").unwrap_or_default().to_string();
+    core.kt = qk_caps.tensor("kt").unwrap_or_default().to_string();
+    Ok(core)
+}
+
+impl Core {
+    /// Takes the layer producing `t` (node `at`) into the core; returns the tensor below it.
+    fn layer(&mut self, view: &GraphView, at: usize, t: String) -> Result<String, Mismatch> {
+        let n = view.node(at);
+        let label = node_label(n);
+        let order = |found: &str| {
+            Mismatch::new(
+                &label,
+                Check::LayerOrder,
+                "scale, then softcap, then masks, from the QK MatMul up",
+                found,
+            )
+        };
+        let (stage, inner) = match n.op_type.as_str() {
+            // softmax_precision in the ONNX expansions: a Cast to the type the scores already
+            // have is the identity; one that changes the type changes the arithmetic.
+            "Cast" => {
+                same_float_cast(view, n).map_err(|m| Mismatch {
+                    found: format!(
+                        "Cast between the QK MatMul and the Softmax is not provably the \
+                         identity ({})",
+                        m.found
+                    ),
+                    ..m
+                })?;
+                if !self.tags.iter().any(|t| t == "scores-cast") {
+                    self.tags.push("scores-cast".into());
+                }
+                let input = n.input.first().cloned().ok_or_else(|| {
+                    Mismatch::new(&label, Check::Inputs, "one input", "Cast without input")
+                })?;
+                (Stage::Skip, input)
+            }
+            "Mul" if softcap::layer(view, at).is_some() => {
+                let s = softcap::layer(view, at).expect("checked above");
+                if self.softcap.is_some() {
+                    return Err(order("a second softcap"));
+                }
+                if self.scale.seen {
+                    return Err(order(
+                        "a scale applied after the softcap cannot be expressed by the op",
+                    ));
+                }
+                self.softcap = Some(s.cap);
+                self.tags.push("softcap".into());
+                self.path.push((t, Stage::Softcap));
+                self.nodes.extend(s.nodes);
+                return Ok(s.inner);
+            }
+            "Mul" | "Div" => (Stage::Scale, self.scale.layer(view, &t, &mut self.tags)?),
+            "Add" | "Where" => {
+                if self.scale.seen {
+                    return Err(order("a mask applied before the scale would be scaled too"));
+                }
+                // ONNX Attention applies the softcap before the mask.
+                if self.softcap.is_some() {
+                    return Err(order(
+                        "a mask applied before the softcap would be capped too",
+                    ));
+                }
+                let (layer, inner) = mask_layers::layer(view, at, &t)?;
+                let stage = match layer {
+                    MaskLayer::Add { .. } => Stage::MaskAdd,
+                    MaskLayer::Fill { .. } => Stage::MaskFill,
+                };
+                self.masks.push(layer);
+                (stage, inner)
+            }
+            op => {
+                return Err(Mismatch::new(
+                    &label,
+                    Check::ScoresPath,
+                    "a scale, softcap, mask or skip-through node",
+                    format!("{op} between the QK MatMul and the Softmax is not a scale or mask"),
+                ))
+            }
+        };
+        self.path.push((t, stage));
+        self.nodes.insert(at);
+        Ok(inner)
+    }
+}
