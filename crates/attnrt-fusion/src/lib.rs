@@ -14,11 +14,13 @@
 //! Modules, from the ground up (each uses only those before it):
 //!
 //! - [`mismatch`]: the one failure type every check returns;
-//! - [`graph`]: a view with producers/consumers and a symbolic shape/value evaluator;
-//! - [`pattern`]: the declarative pattern language;
+//! - [`graph`]: a view with producers/consumers, skip-through nodes and a symbolic
+//!   shape/value evaluator;
+//! - [`pattern`]: the declarative pattern language, which looks through skip-through nodes
+//!   (`Identity`, `Dropout` in inference mode, same-type `Cast`);
 //! - [`masks`]: mask layers and the causal-mask proofs;
-//! - [`rules`]: the attention rule as small staged rules, one file per piece (its module doc
-//!   maps each file to the subgraph it matches);
+//! - [`rules`]: the attention rule as small staged rules, one file per piece
+//!   (`crates/attnrt-fusion/RULES.md` maps each file to the subgraph it matches);
 //! - [`rewrite`]: emission and cleanup;
 //! - [`report`]: the report and its text; [`upgrade`]: the opset raise; [`text`]: snapshots,
 //!   DOT.
@@ -129,7 +131,7 @@ fn candidates(
 ) -> Result<Vec<String>> {
     let graph = model.graph.as_ref().context("the model has no graph")?;
     let order = topo_order(graph).context("the input graph has a cycle")?;
-    let view = graph::GraphView::new(graph, &order);
+    let view = graph::GraphView::new(graph, &order, opset_version);
     let mut candidates = Vec::new();
     for &i in &order {
         let n = &graph.node[i];
@@ -167,7 +169,7 @@ fn fuse_block(
 ) -> Result<Option<ModelProto>> {
     let g = work.graph.as_ref().context("no graph")?;
     let order = topo_order(g)?;
-    let view = graph::GraphView::new(g, &order);
+    let view = graph::GraphView::new(g, &order, opset::default_version(work).unwrap_or(1));
     let Some(sm) = g.node.iter().position(|n| {
         n.op_type == "Softmax" && n.output.first().map(String::as_str) == Some(sm_out)
     }) else {

@@ -11,12 +11,18 @@
 //! commutative ops try both input orders; a name captured twice must bind the same tensor (so
 //! `Where(IsNaN(p), 0, p)` is one pattern). A failed match is a [`Mismatch`] naming the node and
 //! the check, never just "no".
+//!
+//! Skip-through: where an op pattern finds a node that is the identity at inference
+//! (`Identity`, `Dropout` in inference mode, `Cast` to the same type; see
+//! [`crate::graph::skip`]) instead of one of its ops, it looks through it and records it in
+//! [`Captures::skipped`]; a `Dropout` that may run in training mode stops the match there.
 
 use std::collections::BTreeMap;
 
+use attnrt_onnx::passthrough::Passthrough;
 use attnrt_onnx::NodeProto;
 
-use crate::graph::{GraphView, Value};
+use crate::graph::{skip, GraphView, Value};
 use crate::mismatch::{Check, Mismatch};
 
 /// A predicate on a matched node (attributes, constant inputs).
@@ -108,7 +114,12 @@ pub struct Captures {
     pub nodes: BTreeMap<&'static str, usize>,
     /// Tags of the alternatives taken, in match order.
     pub tags: Vec<&'static str>,
+    /// Skip-through nodes looked through, in match order (outermost first along each input).
+    pub skipped: Skipped,
 }
+
+/// Skip-through nodes looked through, with their kinds.
+pub type Skipped = Vec<(usize, Passthrough)>;
 
 impl Captures {
     /// The tensor captured as `name`.
@@ -183,7 +194,7 @@ fn match_alt(
     alts: &[(&'static str, Pat)],
     caps: &mut Captures,
 ) -> Result<(), Mismatch> {
-    let mut reasons = Vec::new();
+    let mut failures: Vec<Mismatch> = Vec::new();
     for (tag, p) in alts {
         let mut trial = caps.clone();
         match match_tensor(view, tensor, p, &mut trial) {
@@ -192,9 +203,21 @@ fn match_alt(
                 *caps = trial;
                 return Ok(());
             }
-            Err(m) => reasons.push(format!("{tag}: at {}: {}", m.node, m.reason())),
+            Err(m) => failures.push(m),
         }
     }
+    // Every variant stopped at the same node for the same reason (a Dropout in training mode
+    // before any of them): that is the failure.
+    if failures.windows(2).all(|w| w[0] == w[1]) {
+        if let Some(m) = failures.pop() {
+            return Err(m);
+        }
+    }
+    let reasons: Vec<String> = alts
+        .iter()
+        .zip(&failures)
+        .map(|((tag, _), m)| format!("{tag}: at {}: {}", m.node, m.reason()))
+        .collect();
     let tags: Vec<&str> = alts.iter().map(|(t, _)| *t).collect();
     Err(Mismatch::new(
         where_(view, tensor),
@@ -211,7 +234,8 @@ fn match_op(
     o: &OpPat,
     caps: &mut Captures,
 ) -> Result<(), Mismatch> {
-    let idx = producer_of(view, tensor, o)?;
+    // `tensor` becomes the node's own output when skip-through nodes were looked through.
+    let (idx, tensor, skipped) = producer_of(view, tensor, o)?;
     let node = view.node(idx);
     let label = || attnrt_onnx::node_label(node);
     let inputs: Vec<&str> = node.input.iter().map(String::as_str).collect();
@@ -256,6 +280,7 @@ fn match_op(
         match res {
             Ok(()) => {
                 trial.nodes.insert(o.name, idx);
+                trial.skipped.extend(skipped.iter().copied());
                 trial.bind_tensor(o.name, tensor)?;
                 *caps = trial;
                 return Ok(());
@@ -266,29 +291,53 @@ fn match_op(
     Err(last.expect("at least one input order is tried"))
 }
 
-/// The node producing `tensor`, which must be one of `o.ops` (default domain).
-fn producer_of(view: &GraphView, tensor: &str, o: &OpPat) -> Result<usize, Mismatch> {
+/// The node producing `tensor`, which must be one of `o.ops` (default domain), looking through
+/// skip-through nodes; with the tensor it produces and the nodes looked through.
+fn producer_of<'a>(
+    view: &GraphView<'a>,
+    tensor: &'a str,
+    o: &OpPat,
+) -> Result<(usize, &'a str, Skipped), Mismatch> {
     let expected = || format!("{}: {} producing '{tensor}'", o.name, o.ops.join("|"));
-    let Some(idx) = view.producer(tensor) else {
-        return Err(Mismatch::new(
-            format!("'{tensor}'"),
-            Check::OpType,
-            expected(),
-            "not produced by a node",
-        ));
-    };
-    let node = view.node(idx);
-    if !attnrt_onnx::opset::is_default_domain(&node.domain)
-        || !o.ops.contains(&node.op_type.as_str())
-    {
-        return Err(Mismatch::new(
-            attnrt_onnx::node_label(node),
-            Check::OpType,
-            expected(),
-            format!("{}{}", domain_prefix(&node.domain), node.op_type),
-        ));
+    let mut skipped = Vec::new();
+    let mut t = tensor;
+    loop {
+        let Some(idx) = view.producer(t) else {
+            return Err(Mismatch::new(
+                format!("'{t}'"),
+                Check::OpType,
+                expected(),
+                "not produced by a node",
+            ));
+        };
+        let node = view.node(idx);
+        let default = attnrt_onnx::opset::is_default_domain(&node.domain);
+        if default && o.ops.contains(&node.op_type.as_str()) {
+            return Ok((idx, t, skipped));
+        }
+        match view.passthrough(idx) {
+            Ok(kind) => {
+                skipped.push((idx, kind));
+                t = &node.input[0];
+            }
+            Err(Some(_)) => {
+                return Err(Mismatch::new(
+                    attnrt_onnx::node_label(node),
+                    Check::SkipThrough,
+                    skip::EXPECTED,
+                    view.why_not_passthrough(idx).unwrap_or_default(),
+                ))
+            }
+            Err(None) => {
+                return Err(Mismatch::new(
+                    attnrt_onnx::node_label(node),
+                    Check::OpType,
+                    expected(),
+                    format!("{}{}", domain_prefix(&node.domain), node.op_type),
+                ))
+            }
+        }
     }
-    Ok(idx)
 }
 
 fn domain_prefix(domain: &str) -> String {

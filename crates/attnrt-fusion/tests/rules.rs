@@ -861,7 +861,7 @@ fn near_miss_type_changing_cast_on_the_scores() {
             scores_cast: Some(DataType::Float16 as i64),
             ..Default::default()
         },
-        "not provably the identity (casts FLOAT to FLOAT16)",
+        "not provably the identity (casts float to float16)",
     );
 }
 

@@ -5,10 +5,12 @@
 //!
 //! - [`dim`]: symbolic dimensions ([`Dim`]) and shape arithmetic;
 //! - [`value`]: small values known before run time ([`Value`]);
-//! - `infer`: the forward pass, one small function per op family.
+//! - `infer`: the forward pass, one small function per op family;
+//! - [`skip`]: the nodes that are the identity at inference, which the rules look through.
 
 pub mod dim;
 mod infer;
+pub mod skip;
 pub mod value;
 
 use std::collections::{HashMap, HashSet};
@@ -27,12 +29,14 @@ pub struct GraphView<'a> {
     initializers: HashMap<&'a str, &'a TensorProto>,
     graph_outputs: HashSet<&'a str>,
     graph_inputs: HashSet<&'a str>,
+    opset: i64,
     facts: infer::Facts,
 }
 
 impl<'a> GraphView<'a> {
-    /// Builds the view and runs the symbolic forward pass over `order` (a topological order).
-    pub fn new(graph: &'a GraphProto, order: &[usize]) -> GraphView<'a> {
+    /// Builds the view of `graph` (of a model whose default-domain opset is `opset`) and runs
+    /// the symbolic forward pass over `order` (a topological order).
+    pub fn new(graph: &'a GraphProto, order: &[usize], opset: i64) -> GraphView<'a> {
         let mut producer = HashMap::new();
         let mut consumers: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, n) in graph.node.iter().enumerate() {
@@ -57,8 +61,14 @@ impl<'a> GraphView<'a> {
                 .collect(),
             graph_outputs: graph.output.iter().map(|o| o.name.as_str()).collect(),
             graph_inputs: graph.input.iter().map(|o| o.name.as_str()).collect(),
+            opset,
             facts: infer::infer(graph, order),
         }
+    }
+
+    /// The model's default-domain opset.
+    pub fn opset(&self) -> i64 {
+        self.opset
     }
 
     /// The node at `idx`.

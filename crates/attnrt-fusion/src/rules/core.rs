@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! context = MatMul(probs(Softmax(layers(MatMul(Q, Kᵀ)))), V)
-//! layers  = (scale | softcap | mask | same-type Cast)*     from the Softmax input down
+//! layers  = (scale | softcap | mask | skip-through)*       from the Softmax input down
 //! ```
 //!
 //! Each layer has its own file ([`super::scale`], [`super::softcap`],
@@ -14,10 +14,11 @@ use std::collections::BTreeSet;
 use attnrt_onnx::node_label;
 
 use super::mask_layers;
-use super::probs::{self, same_float_cast};
+use super::probs;
 use super::qk_output::Stage;
 use super::scale::{scaled_operand, Scale};
 use super::softcap;
+use crate::graph::skip::{self, kind_name};
 use crate::graph::{Dim, GraphView};
 use crate::masks::MaskLayer;
 use crate::mismatch::{Check, Mismatch};
@@ -116,6 +117,7 @@ pub fn match_core(view: &GraphView, sm: usize) -> Result<Core, Mismatch> {
             .map(|t| t.to_string()),
     );
     core.nodes.extend(qk_caps.nodes.values().copied());
+    core.nodes.extend(qk_caps.skipped.iter().map(|(n, _)| *n));
     core.scale.split(view, &qk_caps);
     core.qk = qk_caps.node("qk").unwrap_or(0);
     core.scale.check(view, core.qk)?;
@@ -137,26 +139,34 @@ impl Core {
                 found,
             )
         };
-        let (stage, inner) = match n.op_type.as_str() {
-            // softmax_precision in the ONNX expansions: a Cast to the type the scores already
-            // have is the identity; one that changes the type changes the arithmetic.
-            "Cast" => {
-                same_float_cast(view, n).map_err(|m| Mismatch {
-                    found: format!(
-                        "Cast between the QK MatMul and the Softmax is not provably the \
-                         identity ({})",
-                        m.found
-                    ),
-                    ..m
-                })?;
-                if !self.tags.iter().any(|t| t == "scores-cast") {
-                    self.tags.push("scores-cast".into());
+        // A node that is the identity at inference (the ONNX expansions' softmax_precision
+        // Cast to the type the scores already have, an Identity, an inference Dropout).
+        match view.passthrough(at) {
+            Ok(kind) => {
+                let tag = format!("scores-{}", kind_name(kind));
+                if !self.tags.contains(&tag) {
+                    self.tags.push(tag);
                 }
-                let input = n.input.first().cloned().ok_or_else(|| {
-                    Mismatch::new(&label, Check::Inputs, "one input", "Cast without input")
-                })?;
-                (Stage::Skip, input)
+                self.path.push((t, Stage::Skip));
+                self.nodes.insert(at);
+                return Ok(n.input[0].clone());
             }
+            Err(Some(_)) => {
+                return Err(Mismatch::new(
+                    &label,
+                    Check::SkipThrough,
+                    skip::EXPECTED,
+                    format!(
+                        "{} between the QK MatMul and the Softmax is not provably the identity \
+                         ({})",
+                        n.op_type,
+                        view.why_not_passthrough(at).unwrap_or_default()
+                    ),
+                ))
+            }
+            Err(None) => {}
+        }
+        let (stage, inner) = match n.op_type.as_str() {
             "Mul" if softcap::layer(view, at).is_some() => {
                 let s = softcap::layer(view, at).expect("checked above");
                 if self.softcap.is_some() {

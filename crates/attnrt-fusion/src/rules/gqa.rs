@@ -31,15 +31,17 @@ pub fn before_repeat(view: &GraphView, k: &KInput, v: &str) -> Option<(KInput, S
 
 /// The tensor `kv` with `k4 = Reshape(Expand(Unsqueeze(kv, [2]), …), …)` repeating its heads.
 fn unrepeat(view: &GraphView, k4: &str) -> Option<String> {
+    // Skip-through nodes may stand between the three.
+    let producer = |t: &str| view.producer(&view.skip_producers(t).0);
     let rn = view.node(view.producer(k4)?);
     if rn.op_type != "Reshape" {
         return None;
     }
-    let en = view.node(view.producer(rn.input.first()?)?);
+    let en = view.node(producer(rn.input.first()?)?);
     if en.op_type != "Expand" {
         return None;
     }
-    let un = view.node(view.producer(en.input.first()?)?);
+    let un = view.node(producer(en.input.first()?)?);
     if un.op_type != "Unsqueeze" {
         return None;
     }
@@ -51,7 +53,11 @@ fn unrepeat(view: &GraphView, k4: &str) -> Option<String> {
         return None;
     }
     let kv = un.input.first()?;
-    let (ks, es, os) = (view.shape(kv)?, view.shape(&en.output[0])?, view.shape(k4)?);
+    let (ks, es, os) = (
+        view.shape(kv)?,
+        view.shape(en.output.first()?)?,
+        view.shape(k4)?,
+    );
     if ks.len() != 4 || es.len() != 5 || os.len() != 4 {
         return None;
     }

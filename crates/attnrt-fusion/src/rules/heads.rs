@@ -108,7 +108,7 @@ fn absorb(view: &GraphView, p: &mut Placed, qs: &[Dim], v4: &[Dim]) {
     );
     let merge = head_merge(view, &p.output, qs, v4);
     match (splits, merge) {
-        ((Ok((xq, hq, dq)), Ok((xk, hk, dk)), Ok((xv, hv, _))), Ok((t, r, out3)))
+        ((Ok((xq, hq, dq)), Ok((xk, hk, dk)), Ok((xv, hv, _))), Ok((merge, out3)))
             if dq == dk && hk == hv =>
         {
             p.layout = Layout::ThreeD {
@@ -121,8 +121,7 @@ fn absorb(view: &GraphView, p: &mut Placed, qs: &[Dim], v4: &[Dim]) {
                 perm: None,
             };
             p.v = xv;
-            p.core.nodes.insert(t);
-            p.core.nodes.insert(r);
+            p.core.nodes.extend(merge);
             p.output = out3;
             p.core.tags.push("3d".into());
         }
@@ -220,19 +219,19 @@ fn merge_refused(at: impl Into<String>, found: impl Into<String>) -> Mismatch {
     )
 }
 
-/// `out3 = Reshape(Transpose(ctx, [0, 2, 1, 3]), [B, Lq, H·Dv])`; returns the Transpose and
-/// Reshape node indices and `out3`.
+/// `out3 = Reshape(Transpose(ctx, [0, 2, 1, 3]), [B, Lq, H·Dv])`, skip-through nodes allowed
+/// between; returns the nodes from the context to `out3` and `out3`.
 fn head_merge(
     view: &GraphView,
     ctx: &str,
     qs: &[Dim],
     vs: &[Dim],
-) -> Result<(usize, usize, String), Mismatch> {
+) -> Result<(Vec<usize>, String), Mismatch> {
     let here = format!("'{ctx}'");
-    let [t] = view.consumers(ctx) else {
+    let Some((t, mut nodes)) = view.sole_reader(ctx) else {
         return Err(merge_refused(here, "context has several consumers"));
     };
-    let tn = view.node(*t);
+    let tn = view.node(t);
     let tl = node_label(tn);
     if tn.op_type != "Transpose" || attr::ints(tn, "perm").ok().flatten() != Some(&[0, 2, 1, 3][..])
     {
@@ -245,10 +244,10 @@ fn head_merge(
         .output
         .first()
         .ok_or_else(|| merge_refused(&tl, "merge Transpose has no output"))?;
-    let [r] = view.consumers(t_out) else {
+    let Some((r, skipped)) = view.sole_reader(t_out) else {
         return Err(merge_refused(&tl, "merge Transpose has several consumers"));
     };
-    let rn = view.node(*r);
+    let rn = view.node(r);
     let rl = node_label(rn);
     if rn.op_type != "Reshape" {
         return Err(merge_refused(
@@ -272,5 +271,7 @@ fn head_merge(
             format!("merge Reshape gives {}, not [B, Lq, H·Dv]", shape_str(os)),
         ));
     }
-    Ok((*t, *r, r_out.clone()))
+    nodes.extend(skipped);
+    nodes.extend([t, r]);
+    Ok((nodes, r_out.clone()))
 }

@@ -5,8 +5,10 @@
 //!    | Transpose[0,1,3,2](Transpose[0,2,1,3](K3))      twice (TorchScript merges to [0,2,3,1])
 //!    | Reshape(Transpose[0,2,1](Reshape(K4, [a·b, c, d])), [a, b, d, c])
 //!                                                      dynamo SDPA: the swap through 3-D
-//!    | Identity(…)                                     the ONNX expansions' `PresentKey`
 //! ```
+//!
+//! with skip-through nodes looked through anywhere (the ONNX expansions name K
+//! `PresentKey = Identity(KReshaped)`).
 //!
 //! The composite permutation is tracked; when it is not the identity the rewrite inserts one
 //! `Transpose` on K's source.
@@ -49,15 +51,10 @@ pub fn through_transposes(view: &GraphView, t: &str, rank: usize) -> (String, Ve
     for _ in 0..MAX_TRANSPOSES {
         let Some(p) = view.producer(&cur) else { break };
         let n = view.node(p);
-        // The ONNX expansions name K `PresentKey = Identity(KReshaped)`.
-        if n.op_type == "Identity" && attnrt_onnx::opset::is_default_domain(&n.domain) {
-            match n.input.first() {
-                Some(i) => {
-                    cur = i.clone();
-                    continue;
-                }
-                None => break,
-            }
+        // The fused node reads what a skip-through node passes on.
+        if view.passthrough(p).is_ok() {
+            cur = n.input[0].clone();
+            continue;
         }
         if n.op_type == "Reshape" && rank == 4 {
             if let Some(x4) = flattened_swap(view, &cur) {
@@ -87,12 +84,13 @@ pub fn through_transposes(view: &GraphView, t: &str, rank: usize) -> (String, Ve
 /// `t = Reshape(Transpose(Reshape(x4, [a·b, c, d]), [0, 2, 1]), [a, b, d, c])`, which is
 /// `transpose(x4, [0, 1, 3, 2])`; returns `x4` when the shapes prove it.
 fn flattened_swap(view: &GraphView, t: &str) -> Option<String> {
+    let producer = |t: &str| view.producer(&view.skip_producers(t).0);
     let outer = view.node(view.producer(t)?);
-    let tr = view.node(view.producer(outer.input.first()?)?);
+    let tr = view.node(producer(outer.input.first()?)?);
     if tr.op_type != "Transpose" || attr::ints(tr, "perm").ok().flatten() != Some(&[0, 2, 1][..]) {
         return None;
     }
-    let inner = view.node(view.producer(tr.input.first()?)?);
+    let inner = view.node(producer(tr.input.first()?)?);
     if inner.op_type != "Reshape" {
         return None;
     }

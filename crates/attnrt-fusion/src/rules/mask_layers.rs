@@ -82,7 +82,8 @@ pub fn layer(view: &GraphView, p: usize, t: &str) -> Result<(MaskLayer, String),
     Ok((layer, c.tensor("inner").unwrap_or_default().to_string()))
 }
 
-/// Whether `t` reaches a MatMul through at most `depth` Mul/Div/Add/Where/Cast/Tanh nodes.
+/// Whether `t` reaches a MatMul through at most `depth` Mul/Div/Add/Where/Cast/Tanh or
+/// skip-through nodes.
 fn reaches_matmul(view: &GraphView, t: &str, depth: usize) -> bool {
     let Some(p) = view.producer(t) else {
         return false;
@@ -90,7 +91,7 @@ fn reaches_matmul(view: &GraphView, t: &str, depth: usize) -> bool {
     let n = view.node(p);
     match n.op_type.as_str() {
         "MatMul" => true,
-        "Mul" | "Div" | "Add" | "Where" | "Cast" | "Tanh" if depth > 0 => {
+        "Mul" | "Div" | "Add" | "Where" | "Cast" | "Tanh" | "Identity" | "Dropout" if depth > 0 => {
             // Where's condition is not a value path.
             let skip = usize::from(n.op_type == "Where");
             n.input

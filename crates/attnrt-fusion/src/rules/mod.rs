@@ -12,23 +12,9 @@
 //! ```
 //!
 //! Every check fails with a [`Mismatch`] naming the node and the check. Which file matches
-//! which subgraph (open the one your variant belongs to):
-//!
-//! | file | matches |
-//! |---|---|
-//! | [`probs`] | `MatMul(probs, V)`, `probs = Softmax(scores)` (last axis), or with the NaN guard `Where(IsNaN(p), 0, p)` or same-type Casts after it |
-//! | [`core`] | the walk from the Softmax input down to `MatMul(Q, Kᵀ)` through the layers below, in the order the op can express |
-//! | [`scale`] | `Div(x, s)`, `Mul(x, s)`, `Mul(s, x)`; `MatMul(Mul(Q, s), Mul(Kᵀ, s))`; no scale; `s` constant or shape-computed |
-//! | [`softcap`] | `Mul(Tanh(Div(x, c)), c)` |
-//! | [`mask_layers`] | `Add(scores, term)`, `Where(cond, fill, scores)`, `Where(cond, scores, fill)`; all-zero terms dropped |
-//! | [`mask_plan`] | which layer becomes `is_causal` (proofs in [`crate::masks::causal`]), caveats, mask expansion |
-//! | [`qk_output`] | a scores-path tensor read outside the block → the op's `qk_matmul_output` |
-//! | [`k_transpose`] | Kᵀ = `Transpose`(s) of K, the dynamo 3-D swap, `Identity` |
-//! | [`gqa`] | `Reshape(Expand(Unsqueeze(KV, [2]), …), …)`: K/V heads repeated |
-//! | [`heads`] | `Transpose[0,2,1,3](Reshape(X, [B, L, H, D]))` splits and the merge after the context: 3-D layout |
-//! | [`batched`] | 3-D `(B·h, L, d)` products of `nn.MultiheadAttention` |
-//! | [`exclusive`] | no intermediate of the block is used outside it |
-//! | [`placed`] | (types) the shapes of Q, Kᵀ, V and the placed operands handed between stages |
+//! which subgraph (open the one your variant belongs to), how skip-through nodes are looked
+//! through, and where a KV-cache stage would go: `crates/attnrt-fusion/RULES.md`. Each file's
+//! own doc shows its subgraph.
 
 pub mod batched;
 pub mod core;

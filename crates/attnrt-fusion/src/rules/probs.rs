@@ -3,24 +3,30 @@
 //! ```text
 //! context = MatMul(probs, V)
 //! probs   = Softmax(scores, axis=-1)                                  "softmax"
-//!         | Cast(Cast(Softmax(scores)))  (same type: a no-op)         "cast-cast"
-//!         | Cast(Softmax(scores))        (same type: a no-op)         "cast"
 //!         | Where(IsNaN(p), 0, p) with p = Softmax(scores)            "nan-guard"
 //! ```
 //!
-//! ViT / LLaMA TorchScript exports `Softmax(dtype=float32)` as `Cast→Cast` to the type it
-//! already has; SDPA exports add the NaN guard.
+//! with skip-through nodes looked through anywhere (tagged by kind in data-flow order, e.g.
+//! "cast-cast"): ViT / LLaMA TorchScript exports `Softmax(dtype=float32)` as `Cast→Cast` to the
+//! type it already has, `Dropout` in inference mode sits between the Softmax and the context
+//! MatMul when an eval-mode model is exported without constant folding. SDPA exports add the
+//! NaN guard.
 
 use std::collections::BTreeSet;
 
 use attnrt_onnx::{attr, node_label, NodeProto};
 
+use crate::graph::skip::kind_name;
 use crate::graph::GraphView;
 use crate::mismatch::{Check, Mismatch};
 use crate::pattern::{alt, any, match_tensor, op, scalar, Captures, Pat};
 
 /// How far below the Softmax the context MatMul is looked for.
-const CONTEXT_DEPTH: usize = 3;
+const CONTEXT_DEPTH: usize = 8;
+
+/// The ops that may stand between the Softmax and the context MatMul: the NaN guard's and
+/// the skip-through nodes'.
+const BETWEEN_OPS: [&str; 5] = ["IsNaN", "Where", "Identity", "Dropout", "Cast"];
 
 /// The Softmax of a block and what reads it up to the context MatMul.
 #[derive(Clone, Debug)]
@@ -71,41 +77,6 @@ pub fn softmax_last_axis(view: &GraphView, n: &NodeProto) -> Result<(), Mismatch
     Ok(())
 }
 
-pub(super) fn same_float_cast(view: &GraphView, n: &NodeProto) -> Result<(), Mismatch> {
-    let refuse = |found: String| {
-        Mismatch::new(
-            node_label(n),
-            Check::SkipThrough,
-            "a Cast to the type its input already has",
-            found,
-        )
-    };
-    let to = attr::int(n, "to")
-        .map_err(|e| refuse(e.to_string()))?
-        .ok_or_else(|| refuse("Cast without 'to'".into()))?;
-    let from = n
-        .input
-        .first()
-        .and_then(|i| view.elem_type(i))
-        .ok_or_else(|| refuse("input type unknown".into()))?;
-    if to != i64::from(from) {
-        return Err(refuse(format!(
-            "casts {} to {}",
-            type_name(i64::from(from)),
-            type_name(to)
-        )));
-    }
-    Ok(())
-}
-
-/// `FLOAT16`, `FLOAT`, … for a `DataType` number (the number itself when unknown).
-fn type_name(t: i64) -> String {
-    i32::try_from(t)
-        .ok()
-        .and_then(|t| attnrt_onnx::DataType::try_from(t).ok())
-        .map_or_else(|| format!("type {t}"), |d| d.as_str_name().to_string())
-}
-
 fn zero_fill(view: &GraphView, n: &NodeProto) -> Result<(), Mismatch> {
     let v = n
         .input
@@ -128,23 +99,10 @@ pub fn softmax() -> Pat {
     op("softmax", &["Softmax"], [any("scores")]).check(softmax_last_axis)
 }
 
-/// The attention probabilities: the Softmax, or the Softmax followed by exporter no-ops.
+/// The attention probabilities: the Softmax, or the Softmax behind the NaN guard.
 pub fn probs() -> Pat {
     alt([
         ("softmax", softmax()),
-        (
-            "cast-cast",
-            op(
-                "cast2",
-                &["Cast"],
-                [op("cast1", &["Cast"], [softmax()]).check(same_float_cast)],
-            )
-            .check(same_float_cast),
-        ),
-        (
-            "cast",
-            op("cast1", &["Cast"], [softmax()]).check(same_float_cast),
-        ),
         // NaN appears only in rows whose every key is masked with -inf (or from NaN inputs);
         // the corrected Attention spec gives 0 there too.
         (
@@ -200,24 +158,41 @@ pub fn match_probs(view: &GraphView, sm: usize) -> Result<Probs, Mismatch> {
             "the context MatMul is fed by another Softmax",
         ));
     }
-    let tags = caps
-        .tags
+    // Skip-through nodes, named in data-flow order: "cast-cast" for Softmax→Cast→Cast.
+    let skipped: Vec<&str> = caps
+        .skipped
         .iter()
-        .filter(|t| **t != "softmax")
-        .map(|t| t.to_string())
+        .rev()
+        .map(|(_, k)| kind_name(*k))
+        .collect();
+    let tags = (!skipped.is_empty())
+        .then(|| skipped.join("-"))
+        .into_iter()
+        .chain(
+            caps.tags
+                .iter()
+                .filter(|t| **t != "softmax")
+                .map(|t| t.to_string()),
+        )
         .collect();
     Ok(Probs {
         softmax: sm,
         scores: caps.tensor("scores").unwrap_or_default().to_string(),
         context: caps.tensor("context").unwrap_or_default().to_string(),
         v: caps.tensor("v").unwrap_or_default().to_string(),
-        nodes: caps.nodes.values().copied().collect(),
+        nodes: caps
+            .nodes
+            .values()
+            .copied()
+            .chain(caps.skipped.iter().map(|(n, _)| *n))
+            .collect(),
         tags,
     })
 }
 
-/// The first MatMul (breadth first, [`CONTEXT_DEPTH`] levels down) reading a tensor derived
-/// from the Softmax output `sm_out` as its first input.
+/// The first MatMul (breadth first, at most [`CONTEXT_DEPTH`] levels down through
+/// [`BETWEEN_OPS`]) reading the Softmax output `sm_out`, or a tensor derived from it, as its
+/// first input.
 fn find_context(view: &GraphView, sm_out: &str) -> Option<usize> {
     let mut frontier = vec![sm_out.to_string()];
     for _ in 0..CONTEXT_DEPTH {
@@ -228,7 +203,9 @@ fn find_context(view: &GraphView, sm_out: &str) -> Option<usize> {
                 if n.op_type == "MatMul" && n.input.first() == Some(t) {
                     return Some(c);
                 }
-                next.extend(n.output.iter().cloned());
+                if BETWEEN_OPS.contains(&n.op_type.as_str()) {
+                    next.extend(n.output.iter().cloned());
+                }
             }
         }
         frontier = next;

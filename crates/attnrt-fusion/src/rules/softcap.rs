@@ -12,7 +12,7 @@ use crate::graph::GraphView;
 pub struct Softcap {
     /// The cap `c`.
     pub cap: f32,
-    /// The `Mul`, `Tanh` and `Div` nodes.
+    /// The `Mul`, `Tanh` and `Div` nodes, and skip-through nodes between them.
     pub nodes: Vec<usize>,
     /// The capped tensor `x`.
     pub inner: String,
@@ -33,19 +33,27 @@ pub fn layer(view: &GraphView, mul: usize) -> Option<Softcap> {
     if !(cap.is_finite() && cap > 0.0) {
         return None;
     }
-    let t = view.producer(tanh_out)?;
+    // Skip-through nodes may stand between the three; they go with the layer.
+    let mut nodes = vec![mul];
+    let mut producer = |t: &str| {
+        let (t, skipped) = view.skip_producers(t);
+        nodes.extend(skipped);
+        view.producer(&t)
+    };
+    let t = producer(tanh_out)?;
     let tn = view.node(t);
     if tn.op_type != "Tanh" || !attnrt_onnx::opset::is_default_domain(&tn.domain) {
         return None;
     }
-    let d = view.producer(tn.input.first()?)?;
+    let d = producer(tn.input.first()?)?;
     let dn = view.node(d);
     if dn.op_type != "Div" || dn.input.len() != 2 || known(&dn.input[1]) != Some(cap) {
         return None;
     }
+    nodes.extend([t, d]);
     Some(Softcap {
         cap: cap as f32,
-        nodes: vec![mul, t, d],
+        nodes,
         inner: dn.input[0].clone(),
     })
 }

@@ -76,7 +76,7 @@ impl Eval<'_, '_> {
         if !attnrt_onnx::opset::is_default_domain(&n.domain) {
             return Err(at.refuse("not a default-domain op"));
         }
-        self.node(&at, t)
+        self.node(&at, p, t)
     }
 
     /// Operand `i` of the node at `at`.
@@ -115,9 +115,12 @@ impl Eval<'_, '_> {
         })
     }
 
-    fn node(self, at: &At, t: &str) -> Result<Sym, Mismatch> {
+    fn node(self, at: &At, p: usize, t: &str) -> Result<Sym, Mismatch> {
+        // Identity, an inference Dropout, a Cast to the same type: the value passes through.
+        if self.view.passthrough(p).is_ok() {
+            return self.sub(at, 0);
+        }
         match at.n.op_type.as_str() {
-            "Identity" => self.sub(at, 0),
             "Cast" => self.cast(at),
             "ConstantOfShape" => Ok(Sym::Uniform(
                 attr::tensor(at.n, "value")

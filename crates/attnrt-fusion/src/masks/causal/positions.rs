@@ -42,6 +42,9 @@ fn index(view: &GraphView, t: &str, depth: usize) -> Result<Index, Mismatch> {
     let n = view.node(p);
     let at = node_label(n);
     let input = |i: usize| n.input.get(i).map(String::as_str).unwrap_or("");
+    if view.passthrough(p).is_ok() {
+        return index(view, input(0), depth + 1);
+    }
     match n.op_type.as_str() {
         "Range" => {
             let (start, delta) = (known_int(view, input(0)), known_int(view, input(2)));
