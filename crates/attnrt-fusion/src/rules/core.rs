@@ -11,7 +11,8 @@
 
 use std::collections::BTreeSet;
 
-use attnrt_onnx::node_label;
+use attnrt_onnx::passthrough::Passthrough;
+use attnrt_onnx::{node_label, NodeProto};
 
 use super::mask_layers;
 use super::probs;
@@ -130,81 +131,33 @@ impl Core {
     /// Takes the layer producing `t` (node `at`) into the core; returns the tensor below it.
     fn layer(&mut self, view: &GraphView, at: usize, t: String) -> Result<String, Mismatch> {
         let n = view.node(at);
-        let label = node_label(n);
-        let order = |found: &str| {
-            Mismatch::new(
-                &label,
-                Check::LayerOrder,
-                "scale, then softcap, then masks, from the QK MatMul up",
-                found,
-            )
-        };
-        // A node that is the identity at inference (the ONNX expansions' softmax_precision
-        // Cast to the type the scores already have, an Identity, an inference Dropout).
-        match view.passthrough(at) {
-            Ok(kind) => {
-                let tag = format!("scores-{}", kind_name(kind));
-                if !self.tags.contains(&tag) {
-                    self.tags.push(tag);
-                }
-                self.path.push((t, Stage::Skip));
-                self.nodes.insert(at);
-                return Ok(n.input[0].clone());
-            }
-            Err(Some(_)) => {
-                return Err(Mismatch::new(
-                    &label,
-                    Check::SkipThrough,
-                    skip::EXPECTED,
-                    format!(
-                        "{} between the QK MatMul and the Softmax is not provably the identity \
-                         ({})",
-                        n.op_type,
-                        view.why_not_passthrough(at).unwrap_or_default()
-                    ),
-                ))
-            }
-            Err(None) => {}
-        }
-        let (stage, inner) = match n.op_type.as_str() {
-            "Mul" if softcap::layer(view, at).is_some() => {
+        let (stage, inner, nodes) = match (view.passthrough(at), n.op_type.as_str()) {
+            (Ok(kind), _) => (Stage::Skip, self.skip(kind, n), vec![at]),
+            (Err(Some(_)), _) => return Err(not_identity(view, at)),
+            (Err(None), "Mul") if softcap::layer(view, at).is_some() => {
                 let s = softcap::layer(view, at).expect("checked above");
-                if self.softcap.is_some() {
-                    return Err(order("a second softcap"));
-                }
-                if self.scale.seen {
-                    return Err(order(
-                        "a scale applied after the softcap cannot be expressed by the op",
-                    ));
-                }
+                self.in_order(view, at, Stage::Softcap)?;
                 self.softcap = Some(s.cap);
                 self.tags.push("softcap".into());
-                self.path.push((t, Stage::Softcap));
-                self.nodes.extend(s.nodes);
-                return Ok(s.inner);
+                (Stage::Softcap, s.inner, s.nodes)
             }
-            "Mul" | "Div" => (Stage::Scale, self.scale.layer(view, &t, &mut self.tags)?),
-            "Add" | "Where" => {
-                if self.scale.seen {
-                    return Err(order("a mask applied before the scale would be scaled too"));
-                }
-                // ONNX Attention applies the softcap before the mask.
-                if self.softcap.is_some() {
-                    return Err(order(
-                        "a mask applied before the softcap would be capped too",
-                    ));
-                }
+            (Err(None), "Mul" | "Div") => {
+                let inner = self.scale.layer(view, &t, &mut self.tags)?;
+                (Stage::Scale, inner, vec![at])
+            }
+            (Err(None), "Add" | "Where") => {
+                self.in_order(view, at, Stage::MaskAdd)?;
                 let (layer, inner) = mask_layers::layer(view, at, &t)?;
                 let stage = match layer {
                     MaskLayer::Add { .. } => Stage::MaskAdd,
                     MaskLayer::Fill { .. } => Stage::MaskFill,
                 };
                 self.masks.push(layer);
-                (stage, inner)
+                (stage, inner, vec![at])
             }
-            op => {
+            (Err(None), op) => {
                 return Err(Mismatch::new(
-                    &label,
+                    node_label(n),
                     Check::ScoresPath,
                     "a scale, softcap, mask or skip-through node",
                     format!("{op} between the QK MatMul and the Softmax is not a scale or mask"),
@@ -212,7 +165,57 @@ impl Core {
             }
         };
         self.path.push((t, stage));
-        self.nodes.insert(at);
+        self.nodes.extend(nodes);
         Ok(inner)
     }
+
+    /// A skip-through node on the scores (the ONNX expansions' softmax_precision Cast to the
+    /// type the scores already have, an Identity, an inference Dropout): tagged once per kind.
+    fn skip(&mut self, kind: Passthrough, n: &NodeProto) -> String {
+        let tag = format!("scores-{}", kind_name(kind));
+        if !self.tags.contains(&tag) {
+            self.tags.push(tag);
+        }
+        n.input[0].clone()
+    }
+
+    /// Checks that a softcap or mask layer (`stage`) at node `at` comes where the op applies
+    /// it: the op scales, then caps, then masks.
+    fn in_order(&self, view: &GraphView, at: usize, stage: Stage) -> Result<(), Mismatch> {
+        let found = match stage {
+            Stage::Softcap if self.softcap.is_some() => "a second softcap",
+            Stage::Softcap if self.scale.seen => {
+                "a scale applied after the softcap cannot be expressed by the op"
+            }
+            _ if stage != Stage::Softcap && self.scale.seen => {
+                "a mask applied before the scale would be scaled too"
+            }
+            _ if stage != Stage::Softcap && self.softcap.is_some() => {
+                "a mask applied before the softcap would be capped too"
+            }
+            _ => return Ok(()),
+        };
+        Err(Mismatch::new(
+            node_label(view.node(at)),
+            Check::LayerOrder,
+            "scale, then softcap, then masks, from the QK MatMul up",
+            found,
+        ))
+    }
+}
+
+/// The failure at node `at` on the scores path that is none of the layers and not the
+/// identity at inference (a type-changing Cast, a Dropout that may train).
+fn not_identity(view: &GraphView, at: usize) -> Mismatch {
+    let n = view.node(at);
+    Mismatch::new(
+        node_label(n),
+        Check::SkipThrough,
+        skip::EXPECTED,
+        format!(
+            "{} between the QK MatMul and the Softmax is not provably the identity ({})",
+            n.op_type,
+            view.why_not_passthrough(at).unwrap_or_default()
+        ),
+    )
 }

@@ -29,6 +29,7 @@ pub mod probs;
 pub mod qk_output;
 pub mod scale;
 pub mod softcap;
+pub mod three_d;
 
 use std::collections::BTreeSet;
 

@@ -43,17 +43,12 @@ impl Tri {
 pub(super) enum Rest {
     /// Nothing: the layer is exactly the causal rule.
     None,
-    /// A bool tensor, true where a key takes part; other keys get `fill`.
-    Keep {
+    /// A bool tensor `cond`: where it is true (`masked_when_true`) or false, a key gets `fill`.
+    Fill {
         cond: String,
         fill: String,
         fill_value: f64,
-    },
-    /// A bool tensor, true where a key is masked with `fill`.
-    Masked {
-        cond: String,
-        fill: String,
-        fill_value: f64,
+        masked_when_true: bool,
     },
     /// An additive float tensor.
     Additive(String),

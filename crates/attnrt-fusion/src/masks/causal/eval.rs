@@ -343,10 +343,11 @@ impl Eval<'_, '_> {
                     above: b,
                     ..tr
                 },
-                Rest::Keep {
+                Rest::Fill {
                     cond: rest,
                     fill: at.input(2).to_string(),
                     fill_value: b,
+                    masked_when_true: false,
                 },
             )),
             Sym::MaskedOr(tr, rest) if b == 0.0 && strong(a) => Ok(Sym::Additive(
@@ -355,10 +356,11 @@ impl Eval<'_, '_> {
                     above: a,
                     ..tr
                 },
-                Rest::Masked {
+                Rest::Fill {
                     cond: rest,
                     fill: at.input(1).to_string(),
                     fill_value: a,
+                    masked_when_true: true,
                 },
             )),
             s => Err(at.refuse(format!(

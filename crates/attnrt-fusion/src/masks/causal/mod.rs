@@ -90,7 +90,7 @@ pub fn prove(
                     tri.how
                 ),
             )),
-            Ok((tri, rest, fill)) => return Ok(proof(i, m, &at, tri, rest, fill, masks.len())),
+            Ok(proven) => return Ok(proof(i, m, &at, proven, masks.len())),
             Err(e) => why.push(e),
         }
     }
@@ -98,15 +98,8 @@ pub fn prove(
 }
 
 /// The proof for layer `i` (`m`, labelled `at`) of `layers` mask layers.
-fn proof(
-    i: usize,
-    m: &MaskLayer,
-    at: &str,
-    tri: Tri,
-    rest: Rest,
-    fill: f64,
-    layers: usize,
-) -> CausalProof {
+fn proof(i: usize, m: &MaskLayer, at: &str, proven: Proven, layers: usize) -> CausalProof {
+    let (tri, rest, fill) = proven;
     let node = m.node();
     let others = layers > 1 || rest != Rest::None;
     let caveat = (fill.is_finite() && others).then(|| {
@@ -116,35 +109,31 @@ fn proof(
             fill_str(fill)
         )
     });
-    let fill_layer =
-        |cond: String, fill: String, fill_value: f64, masked_when_true: bool| MaskLayer::Fill {
-            node,
-            cond,
-            fill,
-            fill_value,
-            masked_when_true,
-        };
     let (replacement, with) = match rest {
         Rest::None => (None, String::new()),
         Rest::Additive(term) => {
             let w = format!(" plus the additive mask '{term}'");
             (Some(MaskLayer::Add { node, term }), w)
         }
-        Rest::Keep {
+        Rest::Fill {
             cond,
             fill,
             fill_value,
+            masked_when_true,
         } => {
-            let w = format!(" and the mask '{cond}' (true = attend)");
-            (Some(fill_layer(cond, fill, fill_value, false)), w)
-        }
-        Rest::Masked {
-            cond,
-            fill,
-            fill_value,
-        } => {
-            let w = format!(" or the mask '{cond}' (true = masked)");
-            (Some(fill_layer(cond, fill, fill_value, true)), w)
+            let w = if masked_when_true {
+                format!(" or the mask '{cond}' (true = masked)")
+            } else {
+                format!(" and the mask '{cond}' (true = attend)")
+            };
+            let l = MaskLayer::Fill {
+                node,
+                cond,
+                fill,
+                fill_value,
+                masked_when_true,
+            };
+            (Some(l), w)
         }
     };
     CausalProof {
@@ -155,9 +144,13 @@ fn proof(
     }
 }
 
+/// What a layer was proven to be: the triangle, what remains of the layer without it, and the
+/// value the layer gave the keys above the diagonal.
+type Proven = (Tri, Rest, f64);
+
 /// The triangle of one layer, what remains of the layer without it, and the value the layer
 /// gave the keys above the diagonal.
-fn prove_layer(view: &GraphView, m: &MaskLayer) -> Result<(Tri, Rest, f64), Mismatch> {
+fn prove_layer(view: &GraphView, m: &MaskLayer) -> Result<Proven, Mismatch> {
     let at = node_label(view.node(m.node()));
     match m {
         MaskLayer::Add { term, .. } => {
@@ -226,32 +219,18 @@ fn fill_layer(
             ),
         ));
     }
-    let rest = |cond: String| (cond, fill.to_string(), fill_value);
     match (sym, masked_when_true) {
         (Sym::Tri(t), true) if t.below == 0.0 && t.above == 1.0 => Ok((t, Rest::None)),
         (Sym::Tri(t), false) if t.below == 1.0 && t.above == 0.0 => Ok((t, Rest::None)),
-        (Sym::MaskedOr(t, c), true) => {
-            let (cond, fill, fill_value) = rest(c);
-            Ok((
-                t,
-                Rest::Masked {
-                    cond,
-                    fill,
-                    fill_value,
-                },
-            ))
-        }
-        (Sym::KeepAnd(t, c), false) => {
-            let (cond, fill, fill_value) = rest(c);
-            Ok((
-                t,
-                Rest::Keep {
-                    cond,
-                    fill,
-                    fill_value,
-                },
-            ))
-        }
+        (Sym::MaskedOr(t, cond), true) | (Sym::KeepAnd(t, cond), false) => Ok((
+            t,
+            Rest::Fill {
+                cond,
+                fill: fill.to_string(),
+                fill_value,
+                masked_when_true,
+            },
+        )),
         (s, _) => Err(refuse(
             at,
             format!(
