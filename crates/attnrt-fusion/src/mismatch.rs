@@ -24,6 +24,8 @@ pub enum Check {
     OpType,
     /// The node has the number of inputs the pattern lists.
     Inputs,
+    /// A tensor the rule reads as a number (a scale, a fill) is known before run time.
+    KnownValue,
     /// A pattern name binds one tensor and one node.
     Binding,
     /// One of the exporter variants matches.
@@ -70,6 +72,7 @@ impl Check {
             Check::Context => "context",
             Check::OpType => "op-type",
             Check::Inputs => "inputs",
+            Check::KnownValue => "known-value",
             Check::Binding => "binding",
             Check::Variant => "variant",
             Check::SkipThrough => "skip-through",

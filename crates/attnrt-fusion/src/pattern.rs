@@ -177,7 +177,7 @@ pub fn match_tensor(
             }
             _ => Err(Mismatch::new(
                 where_(view, tensor),
-                Check::OpType,
+                Check::KnownValue,
                 format!("{name}: a single number known before run time"),
                 format!("'{tensor}' is not a single number known before run time"),
             )),

@@ -131,21 +131,25 @@ impl Core {
     /// Takes the layer producing `t` (node `at`) into the core; returns the tensor below it.
     fn layer(&mut self, view: &GraphView, at: usize, t: String) -> Result<String, Mismatch> {
         let n = view.node(at);
-        let (stage, inner, nodes) = match (view.passthrough(at), n.op_type.as_str()) {
-            (Ok(kind), _) => (Stage::Skip, self.skip(kind, n), vec![at]),
-            (Err(Some(_)), _) => return Err(not_identity(view, at)),
-            (Err(None), "Mul") if softcap::layer(view, at).is_some() => {
-                let s = softcap::layer(view, at).expect("checked above");
+        // A Mul is a softcap when it has the whole form, else a scale.
+        let capped = match n.op_type.as_str() {
+            "Mul" => softcap::layer(view, at),
+            _ => None,
+        };
+        let (stage, inner, nodes) = match (view.passthrough(at), n.op_type.as_str(), capped) {
+            (Ok(kind), _, _) => (Stage::Skip, self.skip(kind, n), vec![at]),
+            (Err(Some(_)), _, _) => return Err(not_identity(view, at)),
+            (Err(None), _, Some(s)) => {
                 self.in_order(view, at, Stage::Softcap)?;
                 self.softcap = Some(s.cap);
                 self.tags.push("softcap".into());
                 (Stage::Softcap, s.inner, s.nodes)
             }
-            (Err(None), "Mul" | "Div") => {
-                let inner = self.scale.layer(view, &t, &mut self.tags)?;
+            (Err(None), "Mul" | "Div", None) => {
+                let inner = self.scale.layer(view, at, &t, &mut self.tags)?;
                 (Stage::Scale, inner, vec![at])
             }
-            (Err(None), "Add" | "Where") => {
+            (Err(None), "Add" | "Where", None) => {
                 self.in_order(view, at, Stage::MaskAdd)?;
                 let (layer, inner) = mask_layers::layer(view, at, &t)?;
                 let stage = match layer {
@@ -155,7 +159,7 @@ impl Core {
                 self.masks.push(layer);
                 (stage, inner, vec![at])
             }
-            (Err(None), op) => {
+            (Err(None), op, None) => {
                 return Err(Mismatch::new(
                     node_label(n),
                     Check::ScoresPath,

@@ -36,18 +36,14 @@ impl Default for Scale {
     }
 }
 
-/// One scale layer on the scores: `Mul(x, s)` / `Mul(s, x)` / `Div(x, s)`.
-pub fn score_scale() -> Pat {
-    alt([
-        (
-            "mul-scale",
-            op("scale", &["Mul"], [any("inner"), scalar("factor")]).commutative(),
-        ),
-        (
-            "div-scale",
-            op("scale", &["Div"], [any("inner"), scalar("divisor")]),
-        ),
-    ])
+/// A scale layer on the scores by multiplication: `Mul(x, s)` / `Mul(s, x)`.
+pub fn mul_scale() -> Pat {
+    op("scale", &["Mul"], [any("inner"), scalar("factor")]).commutative()
+}
+
+/// A scale layer on the scores by division: `Div(x, s)`.
+pub fn div_scale() -> Pat {
+    op("scale", &["Div"], [any("inner"), scalar("divisor")])
 }
 
 /// An operand of the QK MatMul, scaled (`Mul(x, s)` in either order, tagged `tag`) or not.
@@ -68,15 +64,27 @@ pub fn scaled_operand(
 }
 
 impl Scale {
-    /// Applies the scale layer producing `t` (a `Mul` or `Div`); returns the scaled tensor.
+    /// Applies the scale layer producing `t` (node `at`, a `Mul` or `Div`); returns the scaled
+    /// tensor.
     pub fn layer(
         &mut self,
         view: &GraphView,
+        at: usize,
         t: &str,
         tags: &mut Vec<String>,
     ) -> Result<String, Mismatch> {
+        let (pattern, tag) = match view.node(at).op_type.as_str() {
+            "Div" => (div_scale(), "div-scale"),
+            _ => (mul_scale(), "mul-scale"),
+        };
         let mut c = Captures::default();
-        match_tensor(view, t, &score_scale(), &mut c)?;
+        // The failure is the scale layer's, whichever of its tensors it is about.
+        match_tensor(view, t, &pattern, &mut c).map_err(|m| Mismatch {
+            node: node_label(view.node(at)),
+            check: Check::Scale,
+            ..m
+        })?;
+        tags.push(tag.into());
         let (f, divides) = match (c.tensor("factor"), c.tensor("divisor")) {
             (Some(f), _) => (f, false),
             (None, d) => (d.unwrap_or_default(), true),
@@ -88,7 +96,6 @@ impl Scale {
             self.value * v
         };
         self.seen = true;
-        tags.extend(c.tags.iter().map(|t| t.to_string()));
         Ok(c.tensor("inner").unwrap_or_default().to_string())
     }
 
