@@ -73,9 +73,9 @@ fn attributes(m: &AttentionMatch) -> Vec<AttributeProto> {
     if let Some(c) = m.softcap {
         attrs.push(attr::make_float("softcap", c));
     }
-    if let Some((_, mode)) = &m.qk_output {
-        if *mode != 0 {
-            attrs.push(attr::make_int("qk_matmul_output_mode", *mode));
+    if let Some(tap) = &m.qk_output {
+        if tap.mode != 0 {
+            attrs.push(attr::make_int("qk_matmul_output_mode", tap.mode));
         }
     }
     attrs
@@ -117,7 +117,7 @@ fn attention_node(
     }
     let outputs = match &m.qk_output {
         // Outputs: Y, present_key, present_value (not produced), qk_matmul_output.
-        Some((t, _)) => vec![output, String::new(), String::new(), t.clone()],
+        Some(tap) => vec![output, String::new(), String::new(), tap.tensor.clone()],
         None => vec![output],
     };
     new.nodes.push(NodeProto {

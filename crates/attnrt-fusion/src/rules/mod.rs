@@ -6,7 +6,7 @@
 //!         ─ k_transpose ───────► KInput       K as the op reads it (source + perm)
 //!           (issue 16: a KV-cache stage goes here: Concat(past, new) → past/present)
 //!         ─ batched | heads ───► Placed       layout: 4-D, 3-D (heads absorbed), batched
-//!         ─ qk_output::tap ────► Option<tap>  a scores tensor the op must also output
+//!         ─ qk_output::tap ────► QkTap        a scores tensor the op must also output
 //!         ─ mask_plan::plan ───► MaskPlan     is_causal, attn_mask, caveats
 //!         ─ exclusive ─────────► AttentionMatch
 //! ```
@@ -38,6 +38,7 @@ use attnrt_onnx::node_label;
 pub use self::placed::{Layout, Placed, Shapes};
 
 use self::k_transpose::KInput;
+use self::qk_output::QkTap;
 use crate::graph::{Dim, GraphView};
 use crate::masks::MaskLayer;
 use crate::mismatch::{Check, Mismatch};
@@ -79,8 +80,8 @@ pub struct AttentionMatch {
     /// `softcap · tanh(scores / softcap)` between the scale and the mask.
     pub softcap: Option<f32>,
     /// A scores-path tensor also read outside the block, produced as the fused node's
-    /// `qk_matmul_output`, with its `qk_matmul_output_mode`.
-    pub qk_output: Option<(String, i64)>,
+    /// `qk_matmul_output`.
+    pub qk_output: Option<QkTap>,
     /// Static shapes known for Q, K, V inputs (recorded as value_info so ONNX shape inference
     /// can type the fused node when the graph itself does not say).
     pub input_shapes: Vec<(String, i32, Vec<Dim>)>,
@@ -92,6 +93,8 @@ pub fn check(view: &GraphView, sm: usize, strict: bool) -> Result<AttentionMatch
     let core = core::match_core(view, sm)?;
     let shapes = Shapes::of(view, &core)?;
     let k = k_transpose::from_kt(view, &core.kt, shapes.rank());
+    // A decoder's KV cache (`Concat(past, new)` on K and V, issue 16) is one more stage here:
+    // it takes K and V, and hands them on without the Concat, with past/present for the op.
     let mut p = match shapes.rank() {
         3 => batched::place(view, core, k, &shapes)?,
         _ => heads::place(view, core, k, &shapes)?,
@@ -110,15 +113,15 @@ pub fn check(view: &GraphView, sm: usize, strict: bool) -> Result<AttentionMatch
         .to_vec();
     let c = &p.core;
     let tap = qk_output::tap(view, &c.path, &c.softmax_out, &c.nodes)?;
-    if let Some((_, mode)) = &tap {
-        p.core.tags.push(format!("qk_matmul_output={mode}"));
+    if let Some(tap) = &tap {
+        p.core.tags.push(format!("qk_matmul_output={}", tap.mode));
     }
     let masks = std::mem::take(&mut p.core.masks);
-    let tap_mode = tap.as_ref().map(|(_, m)| *m);
+    let tap_mode = tap.as_ref().map(|t| t.mode);
     let plan = mask_plan::plan(view, masks, &scores, tap_mode, strict, &mut p.core.tags)?;
     let head_size = shapes.q[shapes.rank() - 1].as_known();
     let scale_attr = p.core.scale.attribute(head_size, &mut p.core.tags);
-    exclusive::check(view, &p, tap.as_ref().map(|(t, _)| t.as_str()))?;
+    exclusive::check(view, &p, tap.as_ref().map(|t| t.tensor.as_str()))?;
     let input_shapes = [&p.q, &p.k.source, &p.v]
         .into_iter()
         .filter_map(|t| Some((t.clone(), view.elem_type(t)?, view.shape(t)?.to_vec())))

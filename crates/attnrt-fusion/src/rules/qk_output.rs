@@ -33,6 +33,15 @@ pub enum Stage {
     MaskFill,
 }
 
+/// A scores-path tensor the fused node also outputs as `qk_matmul_output`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QkTap {
+    /// The tensor (its name stays).
+    pub tensor: String,
+    /// Its `qk_matmul_output_mode`.
+    pub mode: i64,
+}
+
 /// The `qk_matmul_output_mode` whose value the scores-path tensor `t` holds. `path` runs from
 /// the Softmax input down to the QK product.
 fn qk_stage(path: &[(String, Stage)], softmax_out: &str, t: &str) -> Option<i64> {
@@ -73,8 +82,8 @@ pub fn tap(
     path: &[(String, Stage)],
     softmax_out: &str,
     nodes: &BTreeSet<usize>,
-) -> Result<Option<(String, i64)>, Mismatch> {
-    let mut tap: Option<(String, i64)> = None;
+) -> Result<Option<QkTap>, Mismatch> {
+    let mut tap: Option<QkTap> = None;
     for t in path
         .iter()
         .map(|(t, _)| t.as_str())
@@ -86,7 +95,12 @@ pub fn tap(
             continue;
         }
         match qk_stage(path, softmax_out, t) {
-            Some(mode) if tap.is_none() => tap = Some((t.to_string(), mode)),
+            Some(mode) if tap.is_none() => {
+                tap = Some(QkTap {
+                    tensor: t.to_string(),
+                    mode,
+                })
+            }
             _ => {
                 let p = view
                     .producer(t)
