@@ -3,7 +3,7 @@
 //! A [`Dim`] is a product of an integer and named symbols (graph-input `dim_param`s), so
 //! `B·L·64 / (B·4·16) = L` can be proven for `Reshape` targets with `-1`. The representation
 //! is private: callers only multiply, divide exactly, compare and print. A decoder's
-//! `past + new` length needs a sum of monomials; `Dim` can then hold several [`Monomial`]s
+//! `past + new` length needs a sum of monomials; `Dim` can then hold several `Monomial`s
 //! (kept in a normal form so that equality stays structural) without changing its callers.
 
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! A read-only view of one ONNX graph for matching: who produces and who consumes each
 //! tensor, constant values (initializers and `Constant` nodes), graph inputs and outputs, and
-//! the static facts about shapes, element types and small values that [`infer`] finds by a
+//! the static facts about shapes, element types and small values that `infer` finds by a
 //! symbolic forward pass.
 //!
 //! - [`dim`]: symbolic dimensions ([`Dim`]) and shape arithmetic;

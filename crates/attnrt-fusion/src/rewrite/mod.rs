@@ -1,9 +1,9 @@
 //! Emitting the fused node for a proven [`AttentionMatch`] and cleaning up after it:
 //!
 //! - this file: the `Attention` node, its K transpose and the batched 3-D wrapping;
-//! - [`inserted`]: fresh names and the nodes inserted;
-//! - [`mask`]: the `attn_mask` input built from the remaining mask layers;
-//! - [`splice`]: the matched nodes (and what they alone read) out, the new nodes in, the
+//! - `inserted`: fresh names and the nodes inserted;
+//! - `mask`: the `attn_mask` input built from the remaining mask layers;
+//! - `splice`: the matched nodes (and what they alone read) out, the new nodes in, the
 //!   graph's declarations tidied.
 
 mod inserted;

@@ -3,18 +3,19 @@
 //!
 //! ONNX `Attention` (opset 23) with `is_causal=1` and no `past_key` lets query `i` see key `j`
 //! iff `j ≤ i` (offset 0). This module evaluates the tensors a mask is built from in a small
-//! abstract domain ([`domain`]) — a `Tri` holds one value on and below the diagonal (`j ≤ i`) and one
+//! abstract domain (`domain`) — a `Tri` holds one value on and below the diagonal (`j ≤ i`) and one
 //! above it, for the last two axes — and accepts a layer only when every step is proven:
 //!
-//! - constants (initializers, `Constant`) are checked element by element ([`constant`]), and
+//! - constants (initializers, `Constant`) are checked element by element (`constant`), and
 //!   may be cut to the sequence length by `Slice`s that start at 0 on both axes (nanoGPT's /
 //!   GPT-2's buffer);
 //! - `Trilu` of a uniform tensor, with `k` and `upper` giving exactly the causal diagonal;
 //! - comparisons of two `Range(0, L, 1)` index vectors laid out on the query and key axes
-//!   ([`positions`]);
+//!   (`positions`);
 //! - `Equal`, `Not`, `Cast`, `Where` with constant branches, `And`/`Or` with another mask
 //!   (which stays as the fused node's `attn_mask`), `Add` of zeros or of another additive mask,
-//!   `Expand`/`Unsqueeze`/`Identity` that leave the last two axes alone ([`eval`]).
+//!   `Expand`/`Unsqueeze` that leave the last two axes alone, skip-through nodes (`Identity`,
+//!   inference `Dropout`, same-type `Cast`) (`eval`).
 //!
 //! Anything else is a [`Mismatch`] saying why `is_causal` was not used.
 
