@@ -8,7 +8,7 @@ use attnrt_onnx::proto::attribute_proto::AttributeType;
 use attnrt_onnx::{node_label, tensor, AttributeProto, ModelProto, ValueInfoProto};
 
 use crate::graph::{tensor_value, Value};
-use crate::Fused;
+use crate::report::Fused;
 
 fn attr_text(a: &AttributeProto) -> String {
     let ty = AttributeType::try_from(a.r#type).unwrap_or(AttributeType::Undefined);

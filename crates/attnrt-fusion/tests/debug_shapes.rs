@@ -13,7 +13,8 @@ fn print_inferred_shapes() {
         .model;
     let g = m.graph.as_ref().unwrap();
     let order = attnrt_onnx::validate::topo_order(g).unwrap();
-    let view = GraphView::new(g, &order);
+    let opset = attnrt_onnx::opset::default_version(&m).unwrap_or(1);
+    let view = GraphView::new(g, &order, opset);
     for &i in &order {
         let n = &g.node[i];
         for o in &n.output {

@@ -224,16 +224,44 @@ fn mha(cfg: &Cfg) -> ModelProto {
     if let Some(to) = cfg.scores_cast {
         s = b.op("Cast", &[&s], vec![attr::make_int("to", to)]);
     }
-    let softcap = |b: &mut Builder, x: &str, c: f32| {
-        let c = b.f32(&[], &[c]);
-        let d = b.op("Div", &[x, &c], vec![]);
-        let t = b.op("Tanh", &[&d], vec![]);
-        b.op("Mul", &[&t, &c], vec![])
-    };
     if let Some((c, true)) = cfg.softcap {
         s = softcap(&mut b, &s, c);
     }
-    match &cfg.mask {
+    s = mask(&mut b, &cfg.mask, &x, s);
+    if let Some((c, false)) = cfg.softcap {
+        s = softcap(&mut b, &s, c);
+    }
+    let p = b.op(
+        "Softmax",
+        &[&s],
+        vec![attr::make_int("axis", cfg.softmax_axis)],
+    );
+    let ctx = b.op("MatMul", &[&p, &v4], vec![]);
+    let t = b.transpose(&ctx, &cfg.merge_perm);
+    let out = b.reshape(&t, &[0, -1, 64]);
+    let out_name = out.clone();
+    b.output(&out_name, &["B", "L", "64"]);
+    if cfg.scores_used_elsewhere {
+        let e = b.op("Identity", &[&scores], vec![]);
+        b.output(&e, &["B", "4", "L", "L"]);
+    }
+    if cfg.probs_is_output {
+        b.output(&p, &["B", "4", "L", "L"]);
+    }
+    b.model(17)
+}
+
+/// `c · tanh(x / c)`.
+fn softcap(b: &mut Builder, x: &str, c: f32) -> String {
+    let c = b.f32(&[], &[c]);
+    let d = b.op("Div", &[x, &c], vec![]);
+    let t = b.op("Tanh", &[&d], vec![]);
+    b.op("Mul", &[&t, &c], vec![])
+}
+
+/// The scores `s` masked as `mask` says (positions and lengths taken from the input `x`).
+fn mask(b: &mut Builder, mask: &Mask, x: &str, mut s: String) -> String {
+    match mask {
         Mask::None => {}
         Mask::Tril { start, diag } => {
             let n = 8i64;
@@ -243,7 +271,7 @@ fn mha(cfg: &Cfg) -> ModelProto {
             let buf = b.f32(&[1, 1, n, n], &vals);
             let len = b.op(
                 "Shape",
-                &[&x],
+                &[x],
                 vec![attr::make_int("start", 1), attr::make_int("end", 2)],
             );
             let st = b.i64s(&[*start]);
@@ -256,7 +284,7 @@ fn mha(cfg: &Cfg) -> ModelProto {
             s = b.op("Where", &[&cond, &fill, &s], vec![]);
         }
         Mask::Positions { cmp, pad, fill } => {
-            let shape = b.op("Shape", &[&x], vec![]);
+            let shape = b.op("Shape", &[x], vec![]);
             let one = b.i64_scalar(1);
             let len = b.op("Gather", &[&shape, &one], vec![attr::make_int("axis", 0)]);
             let zero = b.i64_scalar(0);
@@ -283,27 +311,7 @@ fn mha(cfg: &Cfg) -> ModelProto {
             s = b.op("Where", &[&m, &c, &s], vec![]);
         }
     }
-    if let Some((c, false)) = cfg.softcap {
-        s = softcap(&mut b, &s, c);
-    }
-    let p = b.op(
-        "Softmax",
-        &[&s],
-        vec![attr::make_int("axis", cfg.softmax_axis)],
-    );
-    let ctx = b.op("MatMul", &[&p, &v4], vec![]);
-    let t = b.transpose(&ctx, &cfg.merge_perm);
-    let out = b.reshape(&t, &[0, -1, 64]);
-    let out_name = out.clone();
-    b.output(&out_name, &["B", "L", "64"]);
-    if cfg.scores_used_elsewhere {
-        let e = b.op("Identity", &[&scores], vec![]);
-        b.output(&e, &["B", "4", "L", "L"]);
-    }
-    if cfg.probs_is_output {
-        b.output(&p, &["B", "4", "L", "L"]);
-    }
-    b.model(17)
+    s
 }
 
 fn run(cfg: &Cfg) -> Fused {
@@ -861,7 +869,7 @@ fn near_miss_type_changing_cast_on_the_scores() {
             scores_cast: Some(DataType::Float16 as i64),
             ..Default::default()
         },
-        "not provably the identity (casts FLOAT to FLOAT16)",
+        "not provably the identity (casts float to float16)",
     );
 }
 

@@ -1,6 +1,6 @@
 //! Test scaffolding shared by attnrt's tests and benches: builders for small ONNX graphs over
-//! the `attnrt_onnx` protos, the bytes of a `.npy` file, and the shipped models' manifest
-//! ([`manifest`]).
+//! the `attnrt_onnx` protos, the bytes of a `.npy` file, ready-made blocks ([`blocks`]), and the
+//! shipped models' manifest ([`manifest`]).
 //!
 //! Only for `[dev-dependencies]` (and the `tests/` and `benches/` crates): nothing here checks
 //! its input, as a test wants to be able to build broken models too.
@@ -20,6 +20,7 @@
 //! assert_eq!(m.ir_version, 8);
 //! ```
 
+pub mod blocks;
 pub mod manifest;
 
 use attnrt_onnx::opset::min_ir_version_for_opset;
