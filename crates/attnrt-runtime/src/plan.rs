@@ -20,30 +20,48 @@ use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
 
 use crate::threads::Threads;
 
-/// One input's part of a [`PlanKey`]: its element type and, per axis, the bound size or
-/// `None` for a dimension kept symbolic.
-pub type InputKey = (DatumType, Vec<Option<usize>>);
+/// How a plan treats one input dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DimKey {
+    /// Bound to this size.
+    Bound(usize),
+    /// Kept symbolic, as the model declares it (its `dim_param`, or a fresh symbol).
+    Symbolic,
+    /// Kept symbolic as the session's anchor symbol plus this offset: a decoder's
+    /// `total_sequence` is `past_sequence + 1` in every decode step, which tract could not
+    /// know from two unrelated names.
+    Tied(i64),
+}
+
+/// One input's part of a [`PlanKey`]: its element type and how each axis is planned.
+pub type InputKey = (DatumType, Vec<DimKey>);
 
 /// Which shapes a plan serves (see the module doc).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct PlanKey(pub Vec<InputKey>);
+pub struct PlanKey {
+    /// Per input, in declaration order.
+    pub inputs: Vec<InputKey>,
+    /// The symbol [`DimKey::Tied`] dimensions are expressed in.
+    pub anchor: Option<String>,
+}
 
 impl PlanKey {
     /// Whether the plan keeps any dimension symbolic (and so must run checked).
     pub fn is_symbolic(&self) -> bool {
-        self.0
+        self.inputs
             .iter()
-            .any(|(_, dims)| dims.iter().any(Option::is_none))
+            .any(|(_, dims)| dims.iter().any(|d| !matches!(d, DimKey::Bound(_))))
     }
 
     /// The fully bound key for these exact shapes.
     pub fn concrete(shapes: &[(DatumType, Vec<usize>)]) -> PlanKey {
-        PlanKey(
-            shapes
+        PlanKey {
+            inputs: shapes
                 .iter()
-                .map(|(dt, s)| (*dt, s.iter().copied().map(Some).collect()))
+                .map(|(dt, s)| (*dt, s.iter().map(|&v| DimKey::Bound(v)).collect()))
                 .collect(),
-        )
+            anchor: None,
+        }
     }
 }
 
@@ -59,18 +77,24 @@ impl Plan {
     /// plans it on `threads`.
     pub fn build(parsed: &InferenceModel, key: &PlanKey, threads: &Threads) -> Result<Plan> {
         let mut model = parsed.clone();
-        for (ix, (dt, dims)) in key.0.iter().enumerate() {
+        let anchor: Option<TDim> = key.anchor.as_ref().map(|a| model.symbols.sym(a).into());
+        for (ix, (dt, dims)) in key.inputs.iter().enumerate() {
             let declared = model.input_fact(ix)?.clone();
-            let shape: TVec<TDim> = dims
-                .iter()
-                .enumerate()
-                .map(|(axis, d)| match d {
-                    Some(v) => v.to_dim(),
-                    None => declared_dim(&declared, axis).unwrap_or_else(|| {
+            let mut shape: TVec<TDim> = tvec![];
+            for (axis, d) in dims.iter().enumerate() {
+                shape.push(match d {
+                    DimKey::Bound(v) => v.to_dim(),
+                    DimKey::Symbolic => declared_dim(&declared, axis).unwrap_or_else(|| {
                         model.symbols.sym(&format!("attnrt_in{ix}_{axis}")).into()
                     }),
-                })
-                .collect();
+                    DimKey::Tied(offset) => {
+                        anchor
+                            .clone()
+                            .context("a tied dimension without an anchor symbol")?
+                            + TDim::Val(*offset)
+                    }
+                });
+            }
             model.set_input_fact(ix, InferenceFact::dt_shape(*dt, shape))?;
         }
         let typed = model

@@ -11,7 +11,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
 
 use crate::io::NamedTensor;
-use crate::plan::{self, Plan, PlanCache, PlanKey, PlanStats};
+use crate::plan::{self, DimKey, Plan, PlanCache, PlanKey, PlanStats};
 use crate::projection::Backend;
 use crate::threads::Threads;
 
@@ -71,8 +71,11 @@ pub enum ShapePolicy {
     #[default]
     Dynamic,
     /// Only the dimensions declared with these `dim_param` names stay symbolic; every other
-    /// dimension is bound per plan (e.g. a decoder's past length symbolic, batch and new
-    /// tokens bound: one plan for the prompt and one for every decode step).
+    /// dimension is bound per plan. The first name is the anchor: a dimension declared with
+    /// one of the other names is planned as the anchor plus the offset seen in the inputs
+    /// (e.g. `["past_sequence", "total_sequence"]` for a decoder: batch and new tokens bound,
+    /// `total_sequence` = `past_sequence` + new tokens; one plan for the prompt and one for
+    /// every decode step).
     DynamicDims(Vec<String>),
     /// One plan per distinct set of input shapes.
     PerShape,
@@ -406,6 +409,11 @@ impl Session {
     /// The key of the plan that serves these inputs under the session's policy. Refuses an
     /// input whose rank differs from the declared one.
     fn key_for(&self, inputs: &[&NamedTensor]) -> Result<PlanKey> {
+        let anchor = match &self.options.shapes {
+            ShapePolicy::DynamicDims(names) => names.first().cloned(),
+            _ => None,
+        };
+        let anchor_value = anchor.as_ref().and_then(|a| self.symbol_value(a, inputs));
         let mut key = Vec::with_capacity(inputs.len());
         for (spec, t) in self.inputs.iter().zip(inputs) {
             let shape = t.tensor.shape();
@@ -422,27 +430,59 @@ impl Session {
             let dims = shape
                 .iter()
                 .enumerate()
-                .map(|(axis, &size)| (!self.keeps_symbolic(&spec.fact, axis)).then_some(size))
+                .map(|(axis, &size)| {
+                    self.dim_key(&spec.fact, axis, size, anchor.as_deref(), anchor_value)
+                })
                 .collect();
             key.push((t.tensor.datum_type(), dims));
         }
-        Ok(PlanKey(key))
+        let anchor = anchor.filter(|_| anchor_value.is_some());
+        Ok(PlanKey {
+            inputs: key,
+            anchor,
+        })
     }
 
-    /// Whether `axis` of an input stays symbolic in plans: the policy says so and the file does
-    /// not fix its size (a size the file fixes but the caller contradicts is bound, as given).
-    fn keeps_symbolic(&self, fact: &InferenceFact, axis: usize) -> bool {
+    /// How `axis` of an input is planned: symbolic when the policy keeps its declared name
+    /// symbolic and the file does not fix its size (a size the file fixes but the caller
+    /// contradicts is bound, as given); tied to the anchor for the other kept names.
+    fn dim_key(
+        &self,
+        fact: &InferenceFact,
+        axis: usize,
+        size: usize,
+        anchor: Option<&str>,
+        anchor_value: Option<usize>,
+    ) -> DimKey {
         if plan::declared_static(fact, axis).is_some() {
-            return false;
+            return DimKey::Bound(size);
         }
-        match &self.options.shapes {
-            ShapePolicy::PerShape => false,
-            ShapePolicy::Dynamic => true,
-            ShapePolicy::DynamicDims(names) => {
-                let syms = plan::declared_symbols(fact, axis);
-                !syms.is_empty() && syms.iter().all(|s| names.contains(s))
-            }
+        let names = match &self.options.shapes {
+            ShapePolicy::PerShape => return DimKey::Bound(size),
+            ShapePolicy::Dynamic => return DimKey::Symbolic,
+            ShapePolicy::DynamicDims(names) => names,
+        };
+        let syms = plan::declared_symbols(fact, axis);
+        if syms.is_empty() || !syms.iter().all(|s| names.contains(s)) {
+            return DimKey::Bound(size);
         }
+        match (anchor, anchor_value) {
+            (Some(a), _) if syms.len() == 1 && syms[0] == a => DimKey::Symbolic,
+            (Some(_), Some(v)) if syms.len() == 1 => DimKey::Tied(size as i64 - v as i64),
+            // A kept name with no anchor value to relate it to, or an expression of several
+            // names (dynamo's `past_sequence + sequence`): bound.
+            _ => DimKey::Bound(size),
+        }
+    }
+
+    /// The size the inputs give the declared symbol `name` (the first axis declared as it).
+    fn symbol_value(&self, name: &str, inputs: &[&NamedTensor]) -> Option<usize> {
+        self.inputs.iter().zip(inputs).find_map(|(spec, t)| {
+            (0..t.tensor.rank()).find_map(|axis| {
+                let syms = plan::declared_symbols(&spec.fact, axis);
+                (syms.len() == 1 && syms[0] == name).then(|| t.tensor.shape()[axis])
+            })
+        })
     }
 
     /// The plan serving `inputs`: cached, or built now. A symbolic plan that tract cannot make
@@ -559,12 +599,17 @@ impl Session {
 }
 
 fn key_str(key: &PlanKey) -> String {
-    key.0
+    key.inputs
         .iter()
         .map(|(dt, dims)| {
+            let anchor = key.anchor.as_deref().unwrap_or("?");
             let dims: Vec<String> = dims
                 .iter()
-                .map(|d| d.map_or("?".to_string(), |v| v.to_string()))
+                .map(|d| match d {
+                    DimKey::Bound(v) => v.to_string(),
+                    DimKey::Symbolic => "?".to_string(),
+                    DimKey::Tied(c) => format!("{anchor}{c:+}"),
+                })
                 .collect();
             format!("{dt:?}[{}]", dims.join(","))
         })
