@@ -1,5 +1,6 @@
 //! Test scaffolding shared by attnrt's tests and benches: builders for small ONNX graphs over
-//! the `attnrt_onnx` protos, and the bytes of a `.npy` file.
+//! the `attnrt_onnx` protos, the bytes of a `.npy` file, and the shipped models' manifest
+//! ([`manifest`]).
 //!
 //! Only for `[dev-dependencies]` (and the `tests/` and `benches/` crates): nothing here checks
 //! its input, as a test wants to be able to build broken models too.
@@ -18,6 +19,8 @@
 //! let m = model(g.finish(), 17);
 //! assert_eq!(m.ir_version, 8);
 //! ```
+
+pub mod manifest;
 
 use attnrt_onnx::opset::min_ir_version_for_opset;
 use attnrt_onnx::proto::{tensor_shape_proto, type_proto, TensorShapeProto, TypeProto};
