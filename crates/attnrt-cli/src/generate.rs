@@ -226,13 +226,17 @@ fn print_text(
     if let Some(t) = text {
         println!("text: {t}");
     }
-    println!("time to first token: {:.2} ms", r.time_to_first_token_ms);
-    if let (Some(tps), Some(ms)) = (r.decode_tokens_per_s, r.mean_step_ms) {
-        println!("decode: {tps:.1} tokens/s ({ms:.3} ms per step)");
+    let planning = r.steps.first().map_or(0.0, |s| s.planning_ms);
+    println!(
+        "time to first token: {:.2} ms (of which {planning:.2} ms planning the prompt's shape)",
+        r.time_to_first_token_ms
+    );
+    if let (Some(tps), Some(ms)) = (r.decode_tokens_per_s, r.median_step_ms) {
+        println!("decode: {tps:.1} tokens/s, median {ms:.3} ms per step (steps that made a plan excluded)");
     }
     println!(
-        "plans: {} built (one for the prompt, one per new-token count)",
-        r.plans.built
+        "plans: {} built in {:.1} ms (one for the prompt, one for the decode steps)",
+        r.plans.built, r.plans.build_ms
     );
     if let (Some(ok), Some(tol)) = (r.check_ok, tol) {
         let worst = r

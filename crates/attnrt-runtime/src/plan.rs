@@ -192,6 +192,7 @@ pub struct PlanCache {
     /// concrete plans.
     refused: Vec<(PlanKey, String)>,
     built: usize,
+    build_ms: f64,
 }
 
 impl PlanCache {
@@ -202,6 +203,7 @@ impl PlanCache {
             plans: VecDeque::new(),
             refused: Vec::new(),
             built: 0,
+            build_ms: 0.0,
         }
     }
 
@@ -219,9 +221,11 @@ impl PlanCache {
         self.plans.front().map(|(_, p)| p)
     }
 
-    /// Adds a freshly built plan, dropping the least recently used beyond capacity.
-    pub fn insert(&mut self, key: PlanKey, plan: Plan) {
+    /// Adds a freshly built plan (that took `ms` to make), dropping the least recently used
+    /// beyond capacity.
+    pub fn insert(&mut self, key: PlanKey, plan: Plan, ms: f64) {
         self.built += 1;
+        self.build_ms += ms;
         self.plans.retain(|(k, _)| k != &key);
         self.plans.push_front((key, plan));
         self.plans.truncate(self.capacity);
@@ -247,6 +251,7 @@ impl PlanCache {
     pub fn stats(&self) -> PlanStats {
         PlanStats {
             built: self.built,
+            build_ms: self.build_ms,
             cached: self.plans.len(),
             symbolic_cached: self.plans.iter().filter(|(_, p)| p.symbolic).count(),
             refusals: self.refused.iter().map(|(_, w)| w.clone()).collect(),
@@ -255,10 +260,12 @@ impl PlanCache {
 }
 
 /// How a session's plans have been used (see [`crate::Session::plan_stats`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct PlanStats {
     /// Plans built so far (a rebuild after eviction counts again).
     pub built: usize,
+    /// Time spent building them (typing, optimizing, planning), in milliseconds.
+    pub build_ms: f64,
     /// Plans held now.
     pub cached: usize,
     /// Of those, plans with symbolic dimensions.

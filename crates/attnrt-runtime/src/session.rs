@@ -521,6 +521,7 @@ impl Session {
     }
 
     fn build_plan(&self, key: &PlanKey) -> Result<Plan> {
+        let started = std::time::Instant::now();
         let plan = self.threads.install(|| {
             guarded(&self.what, || {
                 Plan::build(&self.parsed, key, &self.threads).with_context(|| {
@@ -528,10 +529,11 @@ impl Session {
                 })
             })
         })?;
-        self.plans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone(), plan.clone());
+        self.plans.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            key.clone(),
+            plan.clone(),
+            started.elapsed().as_secs_f64() * 1e3,
+        );
         Ok(plan)
     }
 

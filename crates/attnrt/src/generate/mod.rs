@@ -61,6 +61,9 @@ pub struct StepReport {
     pub token: i64,
     /// Wall time of the model run, in milliseconds (the reference's not included).
     pub ms: f64,
+    /// Of that, the time spent making a plan for a shape the session had not seen (the
+    /// prompt, the first decode step), in milliseconds.
+    pub planning_ms: f64,
     /// The lockstep comparison, with a check.
     pub check: Option<StepCheck>,
 }
@@ -74,12 +77,12 @@ pub struct GenerationReport {
     pub tokens: Vec<i64>,
     /// Every step.
     pub steps: Vec<StepReport>,
-    /// The prefill's time: prompt in, first token out (ms).
+    /// The prefill's time: prompt in, first token out (ms), planning included.
     pub time_to_first_token_ms: f64,
-    /// Generated tokens after the first per second of decode-step time.
+    /// Decode steps per second, over the steps that made no plan.
     pub decode_tokens_per_s: Option<f64>,
-    /// Mean decode-step time (ms).
-    pub mean_step_ms: Option<f64>,
+    /// Median decode-step time (ms), over the steps that made no plan.
+    pub median_step_ms: Option<f64>,
     /// How the session's plans were made (a step that needed a new plan shows here).
     pub plans: PlanStats,
     /// With a check: whether every step agreed.
@@ -170,9 +173,11 @@ impl Generator {
         options: &GenerationOptions,
     ) -> Result<StepReport> {
         let (fed, past) = (ours.fed(), ours.past());
+        let planned_before = self.session.plan_stats().build_ms;
         let started = Instant::now();
         let outputs = self.session.run_owned(ours.take_tensors()?)?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
+        let planning_ms = self.session.plan_stats().build_ms - planned_before;
         let logits = ours.take_outputs(&self.signature, outputs)?;
         let token = argmax_last(&logits)?;
         let check = match (theirs, &self.reference) {
@@ -201,6 +206,7 @@ impl Generator {
             past,
             token,
             ms,
+            planning_ms,
             check,
         })
     }
@@ -211,14 +217,20 @@ impl Generator {
         tokens: Vec<i64>,
         steps: Vec<StepReport>,
     ) -> GenerationReport {
-        let decode: Vec<f64> = steps.iter().skip(1).map(|s| s.ms).collect();
+        let mut decode: Vec<f64> = steps
+            .iter()
+            .skip(1)
+            .filter(|s| s.planning_ms == 0.0)
+            .map(|s| s.ms)
+            .collect();
         let decode_ms: f64 = decode.iter().sum();
+        decode.sort_by(f64::total_cmp);
         GenerationReport {
             prompt: options.prompt.clone(),
             tokens,
             time_to_first_token_ms: steps.first().map_or(0.0, |s| s.ms),
             decode_tokens_per_s: (decode_ms > 0.0).then(|| decode.len() as f64 / decode_ms * 1e3),
-            mean_step_ms: (!decode.is_empty()).then(|| decode_ms / decode.len() as f64),
+            median_step_ms: (!decode.is_empty()).then(|| decode[decode.len() / 2]),
             plans: self.session.plan_stats(),
             check_ok: self
                 .reference
