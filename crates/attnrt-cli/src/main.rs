@@ -5,6 +5,7 @@
 mod bench;
 mod common;
 mod fuse;
+mod generate;
 mod run;
 
 use std::process::ExitCode;
@@ -38,6 +39,9 @@ enum Command {
     /// Time the fused and the unfused model (warm-up, repetitions, median and spread).
     #[command(after_help = EXIT_CODES)]
     Bench(bench::BenchArgs),
+    /// Generate tokens greedily with a decoder exported with its key/value cache.
+    #[command(after_help = EXIT_CODES)]
+    Generate(generate::GenerateArgs),
 }
 
 /// Exit code for an output that differs beyond tolerance.
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::Fuse(a) => fuse::fuse(a).map(|()| ExitCode::SUCCESS),
         Command::Bench(a) => bench::bench(a).map(|()| ExitCode::SUCCESS),
+        Command::Generate(a) => generate::generate(a),
     };
     match result {
         Ok(code) => code,

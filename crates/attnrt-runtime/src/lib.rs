@@ -14,8 +14,10 @@ pub mod attention;
 pub mod bench;
 pub mod diff;
 pub mod io;
+pub mod plan;
 pub mod projection;
 pub mod session;
+pub mod threads;
 
 pub use bench::{quartiles, time_paired, PairedTiming, Timing};
 pub use diff::{diff_outputs, diff_tensor, OutputDiff, Tolerance};
@@ -24,10 +26,13 @@ pub use io::{
     DeclaredDim, DeclaredInput, DimBinding, InputOptions, NamedTensor, PreparedInputs,
     TensorSummary,
 };
+pub use plan::PlanStats;
 pub use projection::Backend;
 pub use session::{
-    onnx_frontend, onnx_frontend_with, panic_is_guarded, OpCounts, Session, Threads,
+    onnx_frontend, onnx_frontend_with, panic_is_guarded, OpCounts, Session, SessionOptions,
+    ShapePolicy,
 };
+pub use threads::Threads;
 /// tract's tensor type, used for every input and output value.
 pub use tract_onnx::prelude::{DatumType, Tensor};
 

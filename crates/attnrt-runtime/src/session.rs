@@ -2,67 +2,18 @@
 //! and one thread pool shared by tract's matmuls and attnrt's kernel.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
 use attnrt_onnx::ModelProto;
 use prost::Message;
-use rayon::ThreadPool;
-use tract_linalg::multithread::Executor;
 use tract_onnx::prelude::*;
-use tract_onnx::tract_core::runtime::RunOptions;
+use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
 
 use crate::io::NamedTensor;
+use crate::plan::{self, DimKey, Plan, PlanCache, PlanKey, PlanStats};
 use crate::projection::Backend;
-
-/// The threads a session runs on: one rayon pool, used by tract's matmuls (through tract-linalg's
-/// executor) and by attnrt's attention kernel (through `pool.install`).
-#[derive(Clone)]
-pub struct Threads {
-    pool: Arc<ThreadPool>,
-}
-
-impl std::fmt::Debug for Threads {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Threads({})", self.count())
-    }
-}
-
-impl Threads {
-    /// A pool of `threads` threads; `None` means one per available core.
-    pub fn new(threads: Option<usize>) -> Result<Threads> {
-        let n = match threads {
-            Some(0) => bail!("--threads must be at least 1"),
-            Some(n) => n,
-            None => std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
-        };
-        if n > 1024 {
-            bail!("{n} threads is more than attnrt allows (1024)");
-        }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .thread_name(|i| format!("attnrt-{i}"))
-            .build()
-            .with_context(|| format!("cannot start a pool of {n} threads"))?;
-        Ok(Threads {
-            pool: Arc::new(pool),
-        })
-    }
-
-    /// Number of threads in the pool.
-    pub fn count(&self) -> usize {
-        self.pool.current_num_threads()
-    }
-
-    /// Runs `f` inside the pool, with tract's executor set to the same pool.
-    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        let exec = Executor::MultiThread(self.pool.clone());
-        self.pool
-            .install(|| tract_linalg::multithread::multithread_tract_scope(exec, f))
-    }
-}
+use crate::threads::Threads;
 
 /// The ONNX front-end of tract with attnrt's `Attention` parser in place of tract's, and
 /// constant-weight `MatMul`s on attnrt's projection op ([`Backend::Attnrt`]).
@@ -111,12 +62,63 @@ fn guarded<R>(what: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
     }
 }
 
-/// A model ready to run: parsed by tract, input shapes fixed from example inputs, optimized.
+/// How a session plans for the input shapes it is given.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum ShapePolicy {
+    /// Every dimension the model leaves open (a `dim_param` such as `batch` or `past_sequence`,
+    /// or no size at all) stays symbolic: one plan serves every size, checked node by node;
+    /// when tract cannot plan it symbolically, or a check fails, that shape gets its own plan.
+    #[default]
+    Dynamic,
+    /// Only the dimensions declared with these `dim_param` names stay symbolic; every other
+    /// dimension is bound per plan. The first name is the anchor: a dimension declared with
+    /// one of the other names is planned as the anchor plus the offset seen in the inputs
+    /// (e.g. `["past_sequence", "total_sequence"]` for a decoder: batch and new tokens bound,
+    /// `total_sequence` = `past_sequence` + new tokens; one plan for the prompt and one for
+    /// every decode step).
+    DynamicDims(Vec<String>),
+    /// One plan per distinct set of input shapes.
+    PerShape,
+}
+
+/// Options of [`Session::new`].
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Where constant-weight `MatMul`s run.
+    pub backend: Backend,
+    /// How shapes map to plans.
+    pub shapes: ShapePolicy,
+    /// How many plans the session keeps (least recently used dropped first).
+    pub max_plans: usize,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            backend: Backend::default(),
+            shapes: ShapePolicy::default(),
+            max_plans: 8,
+        }
+    }
+}
+
+/// What the model declares for one input.
+#[derive(Clone, Debug)]
+struct InputSpec {
+    name: String,
+    fact: InferenceFact,
+}
+
+/// A model ready to run on any input shapes it accepts: parsed by tract once, then planned
+/// (typed, optimized) per family of shapes, plans kept in a bounded cache ([`ShapePolicy`]).
+/// A session can be shared between threads; each run has its own state.
 pub struct Session {
-    plan: Arc<TypedRunnableModel>,
+    parsed: InferenceModel,
+    inputs: Vec<InputSpec>,
     input_names: Vec<String>,
     output_names: Vec<String>,
-    input_shapes: Vec<(DatumType, Vec<usize>)>,
+    options: SessionOptions,
+    plans: Mutex<PlanCache>,
     threads: Threads,
     what: String,
 }
@@ -214,9 +216,62 @@ fn scalar_pad_values(g: &mut tract_onnx::pb::GraphProto) {
 }
 
 impl Session {
-    /// Builds a session for `model`: every graph input gets the type and shape of the tensor of
-    /// the same name in `inputs` (which binds all symbolic dims), then tract optimizes the graph.
+    /// Parses `model` for tract; plans are made when inputs of a new shape first arrive.
     /// `what` names the model in errors (e.g. "fused model.onnx").
+    pub fn new(
+        model: &ModelProto,
+        threads: &Threads,
+        what: &str,
+        options: &SessionOptions,
+    ) -> Result<Session> {
+        attnrt_onnx::validate_model(model).with_context(|| format!("{what}: invalid model"))?;
+        let proto = tract_proto(model)
+            .with_context(|| format!("{what}: re-reading the model for tract"))?;
+        let frontend = onnx_frontend_with(options.backend);
+        threads.install(|| {
+            guarded(what, || {
+                let parsed = frontend
+                    .parse(&proto, None)
+                    .with_context(|| format!("{what}: tract cannot load the graph"))?;
+                if !parsed.unresolved_inputs.is_empty() {
+                    bail!(
+                        "{what}: tensors used but never produced: {}",
+                        parsed.unresolved_inputs.join(", ")
+                    );
+                }
+                let im = parsed.model;
+                let mut inputs = Vec::new();
+                for (ix, o) in im.input_outlets()?.iter().enumerate() {
+                    inputs.push(InputSpec {
+                        name: im.node(o.node).name.clone(),
+                        fact: im.input_fact(ix)?.clone(),
+                    });
+                }
+                let output_names = im
+                    .output_outlets()?
+                    .iter()
+                    .map(|o| {
+                        im.outlet_label(*o)
+                            .map(str::to_string)
+                            .unwrap_or_else(|| im.node(o.node).name.clone())
+                    })
+                    .collect();
+                Ok(Session {
+                    parsed: im,
+                    input_names: inputs.iter().map(|i: &InputSpec| i.name.clone()).collect(),
+                    inputs,
+                    output_names,
+                    options: options.clone(),
+                    plans: Mutex::new(PlanCache::new(options.max_plans)),
+                    threads: threads.clone(),
+                    what: what.to_string(),
+                })
+            })
+        })
+    }
+
+    /// A session planned for the shapes of `inputs` (one plan per shape; the plan for these
+    /// inputs is built now, so a first [`Session::run`] costs the run only).
     pub fn build(
         model: &ModelProto,
         inputs: &[NamedTensor],
@@ -235,87 +290,36 @@ impl Session {
         what: &str,
         backend: Backend,
     ) -> Result<Session> {
-        attnrt_onnx::validate_model(model).with_context(|| format!("{what}: invalid model"))?;
-        let bytes = model.encode_to_vec();
-        let mut proto = tract_onnx::pb::ModelProto::decode(bytes.as_slice())
-            .with_context(|| format!("{what}: re-reading the model for tract"))?;
-        drop(bytes);
-        forget_declared_shapes(&mut proto);
-        if let Some(g) = proto.graph.as_mut() {
-            scalar_pad_values(g);
-        }
-        let frontend = onnx_frontend_with(backend);
-        threads.install(|| {
-            guarded(what, || {
-                let parsed = frontend
-                    .parse(&proto, None)
-                    .with_context(|| format!("{what}: tract cannot load the graph"))?;
-                if !parsed.unresolved_inputs.is_empty() {
-                    bail!(
-                        "{what}: tensors used but never produced: {}",
-                        parsed.unresolved_inputs.join(", ")
-                    );
-                }
-                let mut im = parsed.model;
-                let input_names: Vec<String> = im
-                    .input_outlets()?
-                    .iter()
-                    .map(|o| im.node(o.node).name.clone())
-                    .collect();
-                let mut input_shapes = Vec::new();
-                for (ix, name) in input_names.iter().enumerate() {
-                    let t = inputs
-                        .iter()
-                        .find(|t| &t.name == name)
-                        .with_context(|| format!("{what}: no value given for input '{name}'"))?;
-                    let dt = t.tensor.datum_type();
-                    let shape = t.tensor.shape().to_vec();
-                    im.set_input_fact(ix, InferenceFact::dt_shape(dt, shape.clone()))?;
-                    input_shapes.push((dt, shape));
-                }
-                let output_names: Vec<String> = im
-                    .output_outlets()?
-                    .iter()
-                    .map(|o| {
-                        im.outlet_label(*o)
-                            .map(str::to_string)
-                            .unwrap_or_else(|| im.node(o.node).name.clone())
-                    })
-                    .collect();
-                let typed = im.into_typed().with_context(|| {
-                    format!("{what}: tract cannot infer the graph's types and shapes")
-                })?;
-                let optimized = typed
-                    .into_optimized()
-                    .with_context(|| format!("{what}: tract cannot optimize the graph"))?;
-                let options = RunOptions {
-                    executor: Some(Executor::MultiThread(threads.pool.clone())),
-                    ..Default::default()
-                };
-                let plan = optimized
-                    .into_runnable_with_options(&options)
-                    .with_context(|| format!("{what}: tract cannot plan the graph"))?;
-                Ok(Session {
-                    plan,
-                    input_names,
-                    output_names,
-                    input_shapes,
-                    threads: threads.clone(),
-                    what: what.to_string(),
-                })
-            })
-        })
+        let options = SessionOptions {
+            backend,
+            shapes: ShapePolicy::PerShape,
+            ..SessionOptions::default()
+        };
+        let session = Session::new(model, threads, what, &options)?;
+        let refs: Vec<&NamedTensor> = session
+            .inputs
+            .iter()
+            .map(|spec| session.find_input(inputs, &spec.name))
+            .collect::<Result<_>>()?;
+        session.plan_for(&refs)?;
+        Ok(session)
     }
 
-    /// Op names of the optimized graph's nodes, in plan order (e.g. `AttnrtAttention`,
-    /// `AttnrtProjection`): what actually runs.
+    /// Op names of the planned graph's nodes, in plan order (e.g. `AttnrtAttention`,
+    /// `AttnrtProjection`): what actually runs, for the most recently used plan (empty before
+    /// the first plan is made).
     pub fn op_names(&self) -> Vec<String> {
-        self.plan
-            .model()
-            .nodes()
-            .iter()
-            .map(|n| n.op().name().to_string())
-            .collect()
+        let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans
+            .latest()
+            .map(|p| {
+                p.model()
+                    .nodes()
+                    .iter()
+                    .map(|n| n.op().name().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// How many of the planned graph's operations run on attnrt's attention kernel, on attnrt's
@@ -333,6 +337,11 @@ impl Session {
         c
     }
 
+    /// How the session's plans have been made and used.
+    pub fn plan_stats(&self) -> PlanStats {
+        self.plans.lock().unwrap_or_else(|e| e.into_inner()).stats()
+    }
+
     /// Names of the graph inputs, in order.
     pub fn input_names(&self) -> &[String] {
         &self.input_names
@@ -343,36 +352,51 @@ impl Session {
         &self.output_names
     }
 
-    /// Runs the model once. `inputs` must have the names, types and shapes the session was
-    /// built with (any order).
+    /// Runs the model once on `inputs` (any order; extra names are ignored), planning for
+    /// their shapes first if no plan serves them yet.
     ///
     /// tract takes its inputs by value, so this copies every input tensor once (tract's tensors
     /// have no shared storage); [`Session::run_owned`] hands them over without a copy.
     pub fn run(&self, inputs: &[NamedTensor]) -> Result<Vec<NamedTensor>> {
-        let mut values = TVec::new();
-        for (name, (dt, shape)) in self.input_names.iter().zip(&self.input_shapes) {
-            let t = self.find_input(inputs, name)?;
-            self.check_input(t, *dt, shape)?;
-            values.push(t.tensor.clone().into_tvalue());
-        }
-        self.run_values(values)
+        let refs: Vec<&NamedTensor> = self
+            .inputs
+            .iter()
+            .map(|spec| self.find_input(inputs, &spec.name))
+            .collect::<Result<_>>()?;
+        let plan = self.plan_for(&refs)?;
+        let values = refs
+            .iter()
+            .map(|t| t.tensor.clone().into_tvalue())
+            .collect();
+        self.run_plan(plan, values, &refs)
     }
 
     /// Runs the model once, consuming `inputs` (same rules as [`Session::run`]): the tensors
     /// move into tract without a copy, so the run's extra memory is the graph's intermediates
     /// and outputs only. Inputs the graph does not use are dropped.
     pub fn run_owned(&self, mut inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
-        let mut values = TVec::new();
-        for (name, (dt, shape)) in self.input_names.iter().zip(&self.input_shapes) {
+        let mut ordered = Vec::with_capacity(self.inputs.len());
+        for spec in &self.inputs {
             let at = inputs
                 .iter()
-                .position(|t| &t.name == name)
-                .with_context(|| format!("{}: no value given for input '{name}'", self.what))?;
-            self.check_input(&inputs[at], *dt, shape)?;
-            values.push(inputs.swap_remove(at).tensor.into_tvalue());
+                .position(|t| t.name == spec.name)
+                .with_context(|| {
+                    format!("{}: no value given for input '{}'", self.what, spec.name)
+                })?;
+            ordered.push(inputs.swap_remove(at));
         }
         drop(inputs);
-        self.run_values(values)
+        let refs: Vec<&NamedTensor> = ordered.iter().collect();
+        let plan = self.plan_for(&refs)?;
+        let shapes: Vec<(DatumType, Vec<usize>)> = ordered
+            .iter()
+            .map(|t| (t.tensor.datum_type(), t.tensor.shape().to_vec()))
+            .collect();
+        let values = ordered
+            .into_iter()
+            .map(|t| t.tensor.into_tvalue())
+            .collect();
+        self.run_plan_shapes(plan, values, &shapes)
     }
 
     fn find_input<'a>(&self, inputs: &'a [NamedTensor], name: &str) -> Result<&'a NamedTensor> {
@@ -382,25 +406,184 @@ impl Session {
             .with_context(|| format!("{}: no value given for input '{name}'", self.what))
     }
 
-    /// Refuses an input whose type or shape differs from what the session was built for.
-    fn check_input(&self, t: &NamedTensor, dt: DatumType, shape: &[usize]) -> Result<()> {
-        if t.tensor.datum_type() != dt || t.tensor.shape() != shape {
-            bail!(
-                "{}: input '{}' is {:?} {:?}, the session was built for {dt:?} {shape:?}",
-                self.what,
-                t.name,
-                t.tensor.datum_type(),
-                t.tensor.shape()
-            );
+    /// The key of the plan that serves these inputs under the session's policy. Refuses an
+    /// input whose rank differs from the declared one.
+    fn key_for(&self, inputs: &[&NamedTensor]) -> Result<PlanKey> {
+        let anchor = match &self.options.shapes {
+            ShapePolicy::DynamicDims(names) => names.first().cloned(),
+            _ => None,
+        };
+        let anchor_value = anchor.as_ref().and_then(|a| self.symbol_value(a, inputs));
+        let mut key = Vec::with_capacity(inputs.len());
+        for (spec, t) in self.inputs.iter().zip(inputs) {
+            let shape = t.tensor.shape();
+            if let Some(rank) = spec.fact.shape.rank().concretize() {
+                if rank as usize != shape.len() {
+                    bail!(
+                        "{}: input '{}' has rank {}, the model declares rank {rank}",
+                        self.what,
+                        spec.name,
+                        shape.len()
+                    );
+                }
+            }
+            let dims = shape
+                .iter()
+                .enumerate()
+                .map(|(axis, &size)| {
+                    self.dim_key(&spec.fact, axis, size, anchor.as_deref(), anchor_value)
+                })
+                .collect();
+            key.push((t.tensor.datum_type(), dims));
         }
-        Ok(())
+        let anchor = anchor.filter(|_| anchor_value.is_some());
+        Ok(PlanKey {
+            inputs: key,
+            anchor,
+        })
     }
 
-    fn run_values(&self, values: TVec<TValue>) -> Result<Vec<NamedTensor>> {
+    /// How `axis` of an input is planned: symbolic when the policy keeps its declared name
+    /// symbolic and the file does not fix its size (a size the file fixes but the caller
+    /// contradicts is bound, as given); tied to the anchor for the other kept names.
+    fn dim_key(
+        &self,
+        fact: &InferenceFact,
+        axis: usize,
+        size: usize,
+        anchor: Option<&str>,
+        anchor_value: Option<usize>,
+    ) -> DimKey {
+        if plan::declared_static(fact, axis).is_some() {
+            return DimKey::Bound(size);
+        }
+        let names = match &self.options.shapes {
+            ShapePolicy::PerShape => return DimKey::Bound(size),
+            ShapePolicy::Dynamic => return DimKey::Symbolic,
+            ShapePolicy::DynamicDims(names) => names,
+        };
+        let syms = plan::declared_symbols(fact, axis);
+        if syms.is_empty() || !syms.iter().all(|s| names.contains(s)) {
+            return DimKey::Bound(size);
+        }
+        match (anchor, anchor_value) {
+            (Some(a), _) if syms.len() == 1 && syms[0] == a => DimKey::Symbolic,
+            (Some(_), Some(v)) if syms.len() == 1 => DimKey::Tied(size as i64 - v as i64),
+            // A kept name with no anchor value to relate it to, or an expression of several
+            // names (dynamo's `past_sequence + sequence`): bound.
+            _ => DimKey::Bound(size),
+        }
+    }
+
+    /// The size the inputs give the declared symbol `name` (the first axis declared as it).
+    fn symbol_value(&self, name: &str, inputs: &[&NamedTensor]) -> Option<usize> {
+        self.inputs.iter().zip(inputs).find_map(|(spec, t)| {
+            (0..t.tensor.rank()).find_map(|axis| {
+                let syms = plan::declared_symbols(&spec.fact, axis);
+                (syms.len() == 1 && syms[0] == name).then(|| t.tensor.shape()[axis])
+            })
+        })
+    }
+
+    /// The plan serving `inputs`: cached, or built now. A symbolic plan that tract cannot make
+    /// is recorded as refused and these exact shapes are planned instead.
+    fn plan_for(&self, inputs: &[&NamedTensor]) -> Result<(PlanKey, Plan)> {
+        let key = self.key_for(inputs)?;
+        let shapes: Vec<(DatumType, Vec<usize>)> = inputs
+            .iter()
+            .map(|t| (t.tensor.datum_type(), t.tensor.shape().to_vec()))
+            .collect();
+        let key = {
+            let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+            if plans.refusal(&key).is_some() {
+                PlanKey::concrete(&shapes)
+            } else {
+                key
+            }
+        };
+        if let Some(plan) = self
+            .plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Ok((key, plan));
+        }
+        match self.build_plan(&key) {
+            Ok(plan) => Ok((key, plan)),
+            Err(e) if key.is_symbolic() => {
+                self.refuse(&key, format!("{e:#}"));
+                let concrete = PlanKey::concrete(&shapes);
+                Ok((concrete.clone(), self.build_plan(&concrete)?))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn build_plan(&self, key: &PlanKey) -> Result<Plan> {
+        let started = std::time::Instant::now();
+        let plan = self.threads.install(|| {
+            guarded(&self.what, || {
+                Plan::build(&self.parsed, key, &self.threads).with_context(|| {
+                    format!("{}: planning for input shapes {}", self.what, key_str(key))
+                })
+            })
+        })?;
+        self.plans.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            key.clone(),
+            plan.clone(),
+            started.elapsed().as_secs_f64() * 1e3,
+        );
+        Ok(plan)
+    }
+
+    fn refuse(&self, key: &PlanKey, why: String) {
+        self.plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .refuse(key, why);
+    }
+
+    fn run_plan(
+        &self,
+        plan: (PlanKey, Plan),
+        values: TVec<TValue>,
+        inputs: &[&NamedTensor],
+    ) -> Result<Vec<NamedTensor>> {
+        let shapes: Vec<(DatumType, Vec<usize>)> = inputs
+            .iter()
+            .map(|t| (t.tensor.datum_type(), t.tensor.shape().to_vec()))
+            .collect();
+        self.run_plan_shapes(plan, values, &shapes)
+    }
+
+    /// Runs `plan`. A symbolic plan that fails (its shape check, or an op refusing inputs that
+    /// tract's symbolic planning got wrong) is refused, and these shapes run on a concrete plan;
+    /// if that fails too, its error is the answer. The inputs are kept for the second try only
+    /// when the plan is symbolic.
+    fn run_plan_shapes(
+        &self,
+        (key, plan): (PlanKey, Plan),
+        values: TVec<TValue>,
+        shapes: &[(DatumType, Vec<usize>)],
+    ) -> Result<Vec<NamedTensor>> {
+        let retry = key.is_symbolic().then(|| values.clone());
+        match self.execute(&plan, values) {
+            Ok(outputs) => Ok(outputs),
+            Err(e) if retry.is_some() => {
+                self.refuse(&key, format!("{e:#}"));
+                let concrete = PlanKey::concrete(shapes);
+                let plan = self.build_plan(&concrete)?;
+                self.execute(&plan, retry.unwrap_or_default())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn execute(&self, plan: &Plan, values: TVec<TValue>) -> Result<Vec<NamedTensor>> {
         let outputs = self.threads.install(|| {
             guarded(&self.what, || {
-                self.plan
-                    .run(values)
+                plan.run(values, |_, _| {})
                     .with_context(|| format!("{}: run failed", self.what))
             })
         })?;
@@ -415,6 +598,38 @@ impl Session {
             })
             .collect())
     }
+}
+
+fn key_str(key: &PlanKey) -> String {
+    key.inputs
+        .iter()
+        .map(|(dt, dims)| {
+            let anchor = key.anchor.as_deref().unwrap_or("?");
+            let dims: Vec<String> = dims
+                .iter()
+                .map(|d| match d {
+                    DimKey::Bound(v) => v.to_string(),
+                    DimKey::Symbolic => "?".to_string(),
+                    DimKey::Tied(c) => format!("{anchor}{c:+}"),
+                })
+                .collect();
+            format!("{dt:?}[{}]", dims.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The model as tract's protobuf types, adjusted where tract reads ONNX differently from the
+/// spec or from exporters (see [`forget_declared_shapes`], [`scalar_pad_values`]).
+fn tract_proto(model: &ModelProto) -> Result<tract_onnx::pb::ModelProto> {
+    let bytes = model.encode_to_vec();
+    let mut proto = tract_onnx::pb::ModelProto::decode(bytes.as_slice())?;
+    drop(bytes);
+    forget_declared_shapes(&mut proto);
+    if let Some(g) = proto.graph.as_mut() {
+        scalar_pad_values(g);
+    }
+    Ok(proto)
 }
 
 #[cfg(test)]

@@ -61,9 +61,22 @@ pub struct ManifestModel {
     pub tags: Vec<String>,
     /// Max |ONNX Runtime − PyTorch| observed at export time on the single case.
     pub ort_vs_torch_max_abs: f64,
+    /// The export-time run at another batch and sequence length (`ok`: PyTorch agreed).
+    #[serde(default)]
+    pub other_shapes_check: Option<serde_json::Value>,
 }
 
 impl ManifestModel {
+    /// Whether the export really serves other batch and sequence lengths (TorchScript exports
+    /// of nn.MultiheadAttention bake the example's sizes into their Reshapes).
+    pub fn dynamic_shapes_work(&self) -> bool {
+        self.other_shapes_check
+            .as_ref()
+            .and_then(|c| c.get("ok"))
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
+    }
+
     /// Every saved case of this file: the `cases` list, or, for an entry without one, the
     /// single case of `inputs_npz`/`outputs_npz` named `default`.
     pub fn cases(&self) -> Vec<ManifestCase> {

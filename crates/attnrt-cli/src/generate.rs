@@ -1,0 +1,258 @@
+//! `attnrt generate`: greedy generation with a decoder exported with its key/value cache.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use attnrt::generate::{GenerationOptions, GenerationReport, Generator, StepReport};
+use attnrt_fusion::FusionOptions;
+use attnrt_runtime::Tolerance;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use crate::common::{load, threads, LimitArgs, MatmulArgs};
+
+/// Arguments of `attnrt generate`.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// The decoder (exported with past_key_values inputs and present outputs).
+    pub model: PathBuf,
+    /// The prompt as token ids, e.g. `1,2,3`.
+    #[arg(long, value_name = "IDS", value_delimiter = ',', conflicts_with_all = ["prompt_len", "prompt"])]
+    pub prompt_ids: Option<Vec<i64>>,
+    /// A prompt of N seeded random token ids.
+    #[arg(long, value_name = "N", conflicts_with = "prompt")]
+    pub prompt_len: Option<usize>,
+    /// The prompt as text (needs --tokenizer).
+    #[arg(long, value_name = "TEXT", requires = "tokenizer")]
+    pub prompt: Option<String>,
+    /// A Hugging Face `tokenizer.json`: encodes --prompt and decodes the generated tokens.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Seed of --prompt-len's random ids.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u64,
+    /// Tokens to generate after the prompt.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub max_new_tokens: usize,
+    /// Stop after this token id.
+    #[arg(long, value_name = "ID")]
+    pub eos: Option<i64>,
+    /// Run the original (unfused) graph in lockstep; exit 3 if a token differs or logits drift
+    /// beyond --atol/--rtol.
+    #[arg(long)]
+    pub check: bool,
+    /// Absolute tolerance of --check's logits comparison.
+    #[arg(long, value_name = "A", default_value_t = Tolerance::default().atol)]
+    pub atol: f64,
+    /// Relative tolerance of --check's logits comparison.
+    #[arg(long, value_name = "R", default_value_t = Tolerance::default().rtol)]
+    pub rtol: f64,
+    /// Do not fuse: generate with the original graph.
+    #[arg(long, conflicts_with = "check")]
+    pub no_fuse: bool,
+    /// Threads for tract's matmuls and attnrt's kernel (default: all cores).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub matmul: MatmulArgs,
+    /// Print one JSON object on stdout instead of text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Runs the command; the exit code is 3 when --check finds a difference.
+pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
+    let tol = Tolerance {
+        atol: args.atol,
+        rtol: args.rtol,
+    };
+    if !(tol.atol >= 0.0 && tol.rtol >= 0.0) {
+        bail!("--atol and --rtol must be non-negative numbers");
+    }
+    let limits = args.limits.limits();
+    let loaded = load(&args.model, &limits)?;
+    let name = args.model.display().to_string();
+    let tokenizer = args
+        .tokenizer
+        .as_ref()
+        .map(|p| {
+            tokenizers::Tokenizer::from_file(p)
+                .map_err(|e| anyhow::anyhow!("{}: not a tokenizer.json: {e}", p.display()))
+        })
+        .transpose()?;
+    let fused = if args.no_fuse {
+        None
+    } else {
+        Some(
+            attnrt_fusion::fuse(&loaded.model, &FusionOptions::default())
+                .with_context(|| format!("{name}: fusion failed"))?,
+        )
+    };
+    let blocks = fused.as_ref().map_or(0, |f| f.report.blocks.len());
+    let model = fused.as_ref().map_or(&loaded.model, |f| &f.model);
+    let reference = args.check.then_some(&loaded.model);
+    let threads = threads(args.threads)?;
+    let generator = Generator::new(model, reference, &threads, &name, args.matmul.backend())?;
+    let prompt = prompt(&args, tokenizer.as_ref(), generator.signature().vocab)?;
+    let options = GenerationOptions {
+        prompt,
+        max_new_tokens: args.max_new_tokens,
+        eos_token: args.eos,
+        check: args.check.then_some(tol),
+        backend: args.matmul.backend(),
+    };
+    let bar = progress(args.max_new_tokens);
+    let report = generator.generate(&options, |s| on_step(&bar, s))?;
+    bar.finish_and_clear();
+    let text = match &tokenizer {
+        Some(t) => Some(decode(t, &report.tokens)?),
+        None => None,
+    };
+    if args.json {
+        let v = json!({
+            "model": name,
+            "threads": threads.count(),
+            "fused_blocks": blocks,
+            "fusion": fused.as_ref().map(|f| &f.report),
+            "signature": generator.signature(),
+            "report": report,
+            "text": text,
+            "tolerance": args.check.then_some(tol),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_text(
+            &name,
+            blocks,
+            &report,
+            text.as_deref(),
+            args.check.then_some(tol),
+        );
+    }
+    match report.check_ok {
+        Some(false) => {
+            eprintln!("error: {}", first_disagreement(&report));
+            Ok(ExitCode::from(crate::EXIT_DIFF))
+        }
+        _ => Ok(ExitCode::SUCCESS),
+    }
+}
+
+fn prompt(
+    args: &GenerateArgs,
+    tokenizer: Option<&tokenizers::Tokenizer>,
+    vocab: Option<usize>,
+) -> Result<Vec<i64>> {
+    if let Some(ids) = &args.prompt_ids {
+        return Ok(ids.clone());
+    }
+    if let Some(text) = &args.prompt {
+        let t = tokenizer.context("--prompt needs --tokenizer")?;
+        let enc = t
+            .encode(text.as_str(), false)
+            .map_err(|e| anyhow::anyhow!("encoding --prompt: {e}"))?;
+        return Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect());
+    }
+    let len = args.prompt_len.unwrap_or(8);
+    let vocab = vocab.context(
+        "the logits do not declare the vocabulary size: give --prompt-ids instead of a random prompt",
+    )?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
+    Ok((0..len).map(|_| rng.gen_range(0..vocab as i64)).collect())
+}
+
+fn decode(t: &tokenizers::Tokenizer, tokens: &[i64]) -> Result<String> {
+    let ids: Vec<u32> = tokens
+        .iter()
+        .map(|&t| u32::try_from(t).context("a token id does not fit the tokenizer"))
+        .collect::<Result<_>>()?;
+    t.decode(&ids, true)
+        .map_err(|e| anyhow::anyhow!("decoding the generated tokens: {e}"))
+}
+
+fn progress(total: usize) -> ProgressBar {
+    let bar =
+        ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} tokens {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_prefix("generate");
+    bar
+}
+
+fn on_step(bar: &ProgressBar, s: &StepReport) {
+    bar.inc(1);
+    bar.set_message(format!("last step {:.1} ms", s.ms));
+}
+
+fn first_disagreement(r: &GenerationReport) -> String {
+    r.steps
+        .iter()
+        .find_map(|s| {
+            let c = s.check.as_ref().filter(|c| !c.ok)?;
+            Some(if c.reference_token != s.token {
+                format!(
+                    "step {}: token {} but the unfused graph gives {}",
+                    s.step, s.token, c.reference_token
+                )
+            } else {
+                format!(
+                    "step {}: logits differ from the unfused graph by {:.3e} (beyond tolerance)",
+                    s.step, c.logits.max_abs
+                )
+            })
+        })
+        .unwrap_or_else(|| "the check failed".into())
+}
+
+fn print_text(
+    name: &str,
+    blocks: usize,
+    r: &GenerationReport,
+    text: Option<&str>,
+    tol: Option<Tolerance>,
+) {
+    let ids = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    println!("model: {name}");
+    println!("fusion: {blocks} attention block(s) fused");
+    println!("prompt: {} token(s): {}", r.prompt.len(), ids(&r.prompt));
+    println!("generated: {} token(s): {}", r.tokens.len(), ids(&r.tokens));
+    if let Some(t) = text {
+        println!("text: {t}");
+    }
+    let planning = r.steps.first().map_or(0.0, |s| s.planning_ms);
+    println!(
+        "time to first token: {:.2} ms (of which {planning:.2} ms planning the prompt's shape)",
+        r.time_to_first_token_ms
+    );
+    if let (Some(tps), Some(ms)) = (r.decode_tokens_per_s, r.median_step_ms) {
+        println!("decode: {tps:.1} tokens/s, median {ms:.3} ms per step (steps that made a plan excluded)");
+    }
+    println!(
+        "plans: {} built in {:.1} ms (one for the prompt, one for the decode steps)",
+        r.plans.built, r.plans.build_ms
+    );
+    if let (Some(ok), Some(tol)) = (r.check_ok, tol) {
+        let worst = r
+            .steps
+            .iter()
+            .filter_map(|s| s.check.as_ref().map(|c| c.logits.max_abs))
+            .fold(0.0, f64::max);
+        println!(
+            "check vs unfused: {} (worst logits max_abs {worst:.3e}; |a-b| <= {} + {}*|b|)",
+            if ok {
+                "same tokens, logits within tolerance"
+            } else {
+                "DIFFERS"
+            },
+            tol.atol,
+            tol.rtol
+        );
+    }
+}

@@ -1,0 +1,146 @@
+//! `attnrt generate` end to end on a shipped decoder with a KV cache: the JSON report, the
+//! lockstep check, a text prompt through a tokenizer.json, and clean refusals.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn attnrt(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attnrt"))
+        .args(args)
+        .output()
+        .expect("the attnrt binary runs")
+}
+
+fn model(file: &str) -> String {
+    let p: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models")
+        .join(file);
+    p.display().to_string()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).expect("--json prints one JSON object")
+}
+
+fn one_error_line(o: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].starts_with("error: ") && err.contains(needle),
+        "{err}"
+    );
+}
+
+#[test]
+fn generate_checks_every_step_against_the_unfused_graph() {
+    let m = model("gpt2_cache_sdpa.dynamo.onnx");
+    let v = json(&attnrt(&[
+        "generate",
+        &m,
+        "--prompt-len",
+        "4",
+        "--seed",
+        "7",
+        "--max-new-tokens",
+        "5",
+        "--check",
+        "--json",
+        "--threads",
+        "1",
+    ]));
+    let r = &v["report"];
+    assert_eq!(r["prompt"].as_array().unwrap().len(), 4);
+    assert_eq!(r["tokens"].as_array().unwrap().len(), 5);
+    assert_eq!(r["check_ok"], true);
+    assert_eq!(r["plans"]["built"], 2);
+    assert_eq!(v["fused_blocks"], 2);
+    let steps = r["steps"].as_array().unwrap();
+    let pasts: Vec<u64> = steps.iter().map(|s| s["past"].as_u64().unwrap()).collect();
+    assert_eq!(pasts, [0, 4, 5, 6, 7]);
+    assert!(steps.iter().all(|s| s["check"]["ok"] == true));
+}
+
+/// A word-level tokenizer over the tiny models' 100-token vocabulary: `w0` … `w99`.
+fn tokenizer_json(dir: &Path) -> PathBuf {
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..100)
+        .map(|i| (format!("w{i}"), serde_json::json!(i)))
+        .collect();
+    let t = serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null,
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": false},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
+    });
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, serde_json::to_vec(&t).unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn generate_encodes_and_decodes_text_with_a_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = tokenizer_json(dir.path());
+    let m = model("llama_cache_eager.ts.onnx");
+    let v = json(&attnrt(&[
+        "generate",
+        &m,
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--prompt",
+        "w1 w2 w3",
+        "--max-new-tokens",
+        "4",
+        "--json",
+    ]));
+    assert_eq!(v["report"]["prompt"], serde_json::json!([1, 2, 3]));
+    let tokens: Vec<i64> = v["report"]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_i64().unwrap())
+        .collect();
+    let text = v["text"].as_str().unwrap();
+    let words: Vec<String> = tokens.iter().map(|t| format!("w{t}")).collect();
+    assert_eq!(text, words.join(" "), "decoded text of {tokens:?}");
+}
+
+#[test]
+fn generate_refuses_models_and_prompts_it_cannot_run() {
+    one_error_line(
+        &attnrt(&["generate", &model("bert_eager.ts.onnx")]),
+        "no cache inputs",
+    );
+    one_error_line(
+        &attnrt(&[
+            "generate",
+            &model("gpt2_cache_eager.ts.onnx"),
+            "--prompt-ids",
+            "1,2,300",
+        ]),
+        "outside the vocabulary [0, 100)",
+    );
+    let o = attnrt(&[
+        "generate",
+        &model("gpt2_cache_eager.ts.onnx"),
+        "--prompt",
+        "hi",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "--prompt without --tokenizer is a usage error"
+    );
+}

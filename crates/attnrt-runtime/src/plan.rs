@@ -1,0 +1,275 @@
+//! Plans: tract's optimized, runnable form of a model for one family of input shapes.
+//!
+//! A [`PlanKey`] says, for every dimension of every input, whether the plan binds it to a
+//! value or keeps it symbolic. A plan with symbolic dimensions serves every shape those
+//! dimensions can take (one plan for every sequence or cache length); tract's symbolic shape
+//! reasoning is not always right, so such a plan runs *checked*: every node's outputs are
+//! compared with the shapes tract planned for them, and a mismatch is an error the session
+//! answers by planning that shape concretely ([`crate::Session`]). A plan with every dimension
+//! bound serves exactly one shape and needs no check.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use tract_linalg::multithread::Executor;
+use tract_onnx::prelude::*;
+use tract_onnx::tract_core::plan::{eval as eval_node, EvalContext};
+use tract_onnx::tract_core::runtime::RunOptions;
+use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
+
+use crate::threads::Threads;
+
+/// How a plan treats one input dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DimKey {
+    /// Bound to this size.
+    Bound(usize),
+    /// Kept symbolic, as the model declares it (its `dim_param`, or a fresh symbol).
+    Symbolic,
+    /// Kept symbolic as the session's anchor symbol plus this offset: a decoder's
+    /// `total_sequence` is `past_sequence + 1` in every decode step, which tract could not
+    /// know from two unrelated names.
+    Tied(i64),
+}
+
+/// One input's part of a [`PlanKey`]: its element type and how each axis is planned.
+pub type InputKey = (DatumType, Vec<DimKey>);
+
+/// Which shapes a plan serves (see the module doc).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PlanKey {
+    /// Per input, in declaration order.
+    pub inputs: Vec<InputKey>,
+    /// The symbol [`DimKey::Tied`] dimensions are expressed in.
+    pub anchor: Option<String>,
+}
+
+impl PlanKey {
+    /// Whether the plan keeps any dimension symbolic (and so must run checked).
+    pub fn is_symbolic(&self) -> bool {
+        self.inputs
+            .iter()
+            .any(|(_, dims)| dims.iter().any(|d| !matches!(d, DimKey::Bound(_))))
+    }
+
+    /// The fully bound key for these exact shapes.
+    pub fn concrete(shapes: &[(DatumType, Vec<usize>)]) -> PlanKey {
+        PlanKey {
+            inputs: shapes
+                .iter()
+                .map(|(dt, s)| (*dt, s.iter().map(|&v| DimKey::Bound(v)).collect()))
+                .collect(),
+            anchor: None,
+        }
+    }
+}
+
+/// A runnable plan and whether it must run checked.
+#[derive(Clone)]
+pub struct Plan {
+    runnable: Arc<TypedRunnableModel>,
+    symbolic: bool,
+}
+
+impl Plan {
+    /// Optimizes `parsed` (tract's inference model, as parsed) for the shapes of `key` and
+    /// plans it on `threads`.
+    pub fn build(parsed: &InferenceModel, key: &PlanKey, threads: &Threads) -> Result<Plan> {
+        let mut model = parsed.clone();
+        let anchor: Option<TDim> = key.anchor.as_ref().map(|a| model.symbols.sym(a).into());
+        for (ix, (dt, dims)) in key.inputs.iter().enumerate() {
+            let declared = model.input_fact(ix)?.clone();
+            let mut shape: TVec<TDim> = tvec![];
+            for (axis, d) in dims.iter().enumerate() {
+                shape.push(match d {
+                    DimKey::Bound(v) => v.to_dim(),
+                    DimKey::Symbolic => declared_dim(&declared, axis).unwrap_or_else(|| {
+                        model.symbols.sym(&format!("attnrt_in{ix}_{axis}")).into()
+                    }),
+                    DimKey::Tied(offset) => {
+                        anchor
+                            .clone()
+                            .context("a tied dimension without an anchor symbol")?
+                            + TDim::Val(*offset)
+                    }
+                });
+            }
+            model.set_input_fact(ix, InferenceFact::dt_shape(*dt, shape))?;
+        }
+        let typed = model
+            .into_typed()
+            .context("tract cannot infer the graph's types and shapes")?;
+        let optimized = typed
+            .into_optimized()
+            .context("tract cannot optimize the graph")?;
+        let options = RunOptions {
+            executor: Some(Executor::MultiThread(threads.pool().clone())),
+            ..Default::default()
+        };
+        let runnable = optimized
+            .into_runnable_with_options(&options)
+            .context("tract cannot plan the graph")?;
+        Ok(Plan {
+            runnable,
+            symbolic: key.is_symbolic(),
+        })
+    }
+
+    /// The planned graph.
+    pub fn model(&self) -> &TypedModel {
+        self.runnable.model()
+    }
+
+    /// Runs the plan; `observe` is called after every node with the node and how long it took
+    /// (for profiles). A symbolic plan checks every node's outputs against the planned shapes.
+    pub fn run(
+        &self,
+        values: TVec<TValue>,
+        mut observe: impl FnMut(&TypedNode, std::time::Duration),
+    ) -> Result<TVec<TValue>> {
+        let mut state = self.runnable.spawn()?;
+        let symbolic = self.symbolic;
+        let outputs = state.run_plan_with_eval(
+            values,
+            |ctx: &EvalContext, op_state, node: &TypedNode, inputs| -> TractResult<_> {
+                let started = std::time::Instant::now();
+                let outputs = eval_node(ctx, op_state, node, inputs)?;
+                observe(node, started.elapsed());
+                if symbolic {
+                    check_outputs(ctx, node, &outputs)?;
+                }
+                Ok(outputs)
+            },
+        )?;
+        Ok(outputs)
+    }
+}
+
+/// The declared size of `axis` of an input as tract parsed it (a number, or an expression of
+/// the model's `dim_param` symbols), `None` when the file leaves it unknown.
+fn declared_dim(fact: &InferenceFact, axis: usize) -> Option<TDim> {
+    fact.shape.dim(axis).and_then(|d| d.concretize())
+}
+
+/// Whether the input's declared `axis` is a size fixed by the file.
+pub fn declared_static(fact: &InferenceFact, axis: usize) -> Option<usize> {
+    declared_dim(fact, axis)
+        .and_then(|d| d.to_i64().ok())
+        .and_then(|v| usize::try_from(v).ok())
+}
+
+/// The symbols of the input's declared `axis` (empty when static or unknown).
+pub fn declared_symbols(fact: &InferenceFact, axis: usize) -> Vec<String> {
+    declared_dim(fact, axis)
+        .map(|d| d.symbols().into_iter().map(|s| s.to_string()).collect())
+        .unwrap_or_default()
+}
+
+/// Refuses outputs whose shapes differ from what tract planned for the node (what tract's own
+/// debug builds check, here in every build: a plan made from wrong symbolic shapes must fail,
+/// not compute something else).
+fn check_outputs(ctx: &EvalContext, node: &TypedNode, outputs: &[TValue]) -> TractResult<()> {
+    for (ix, (value, outlet)) in outputs.iter().zip(&node.outputs).enumerate() {
+        if !outlet.fact.matches(value, Some(ctx.symbols))? {
+            bail!(
+                "symbolic plan: node '{}' output {ix} is {:?} {:?}, tract planned {:?}",
+                node.name,
+                value.datum_type(),
+                value.shape(),
+                outlet.fact
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The plans a session has built, most recently used first, at most `capacity` of them.
+pub struct PlanCache {
+    capacity: usize,
+    plans: VecDeque<(PlanKey, Plan)>,
+    /// Keys whose symbolic plan failed (to build or a check), with why: their shapes get
+    /// concrete plans.
+    refused: Vec<(PlanKey, String)>,
+    built: usize,
+    build_ms: f64,
+}
+
+impl PlanCache {
+    /// An empty cache holding up to `capacity` plans (at least one).
+    pub fn new(capacity: usize) -> PlanCache {
+        PlanCache {
+            capacity: capacity.max(1),
+            plans: VecDeque::new(),
+            refused: Vec::new(),
+            built: 0,
+            build_ms: 0.0,
+        }
+    }
+
+    /// The plan for `key`, moved to the front.
+    pub fn get(&mut self, key: &PlanKey) -> Option<Plan> {
+        let at = self.plans.iter().position(|(k, _)| k == key)?;
+        let entry = self.plans.remove(at)?;
+        let plan = entry.1.clone();
+        self.plans.push_front(entry);
+        Some(plan)
+    }
+
+    /// The most recently used plan.
+    pub fn latest(&self) -> Option<&Plan> {
+        self.plans.front().map(|(_, p)| p)
+    }
+
+    /// Adds a freshly built plan (that took `ms` to make), dropping the least recently used
+    /// beyond capacity.
+    pub fn insert(&mut self, key: PlanKey, plan: Plan, ms: f64) {
+        self.built += 1;
+        self.build_ms += ms;
+        self.plans.retain(|(k, _)| k != &key);
+        self.plans.push_front((key, plan));
+        self.plans.truncate(self.capacity);
+    }
+
+    /// Records that the symbolic plan of `key` cannot be used, and drops it.
+    pub fn refuse(&mut self, key: &PlanKey, why: String) {
+        self.plans.retain(|(k, _)| k != key);
+        if !self.refused.iter().any(|(k, _)| k == key) {
+            self.refused.push((key.clone(), why));
+        }
+    }
+
+    /// Why the symbolic plan of `key` was refused, if it was.
+    pub fn refusal(&self, key: &PlanKey) -> Option<&str> {
+        self.refused
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, why)| why.as_str())
+    }
+
+    /// Statistics for reports.
+    pub fn stats(&self) -> PlanStats {
+        PlanStats {
+            built: self.built,
+            build_ms: self.build_ms,
+            cached: self.plans.len(),
+            symbolic_cached: self.plans.iter().filter(|(_, p)| p.symbolic).count(),
+            refusals: self.refused.iter().map(|(_, w)| w.clone()).collect(),
+        }
+    }
+}
+
+/// How a session's plans have been used (see [`crate::Session::plan_stats`]).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct PlanStats {
+    /// Plans built so far (a rebuild after eviction counts again).
+    pub built: usize,
+    /// Time spent building them (typing, optimizing, planning), in milliseconds.
+    pub build_ms: f64,
+    /// Plans held now.
+    pub cached: usize,
+    /// Of those, plans with symbolic dimensions.
+    pub symbolic_cached: usize,
+    /// Why symbolic plans were given up for concrete ones.
+    pub refusals: Vec<String>,
+}

@@ -1,0 +1,242 @@
+//! Greedy generation with a decoder exported with its key/value cache: the prompt runs once
+//! with an empty past (the prefill), then one token per step, every present output fed back
+//! as the next step's past. One [`Session`] serves every step: the past length stays
+//! symbolic in its plans ([`ShapePolicy::DynamicDims`]), so a step costs the step.
+//!
+//! With a check, the original (unfused) graph runs in lockstep on its own session and its own
+//! cache; a step whose token differs, or whose logits differ beyond the tolerance, fails the
+//! check.
+
+mod signature;
+mod step;
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use attnrt_onnx::ModelProto;
+use attnrt_runtime::{
+    Backend, OutputDiff, PlanStats, Session, SessionOptions, ShapePolicy, Threads, Tolerance,
+};
+use serde::Serialize;
+
+pub use signature::{CacheSlot, DecoderSignature};
+use step::{argmax_last, StepInputs};
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerationOptions {
+    /// The prompt's token ids (at least one).
+    pub prompt: Vec<i64>,
+    /// How many tokens to generate after the prompt.
+    pub max_new_tokens: usize,
+    /// Stop after this token (it is kept).
+    pub eos_token: Option<i64>,
+    /// Run the reference graph in lockstep and compare logits under this tolerance.
+    pub check: Option<Tolerance>,
+    /// Where constant-weight `MatMul`s run.
+    pub backend: Backend,
+}
+
+/// The lockstep comparison of one step.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepCheck {
+    /// The reference graph's token.
+    pub reference_token: i64,
+    /// The logits comparison (fused vs reference).
+    pub logits: OutputDiff,
+    /// Same token and logits within tolerance.
+    pub ok: bool,
+}
+
+/// One step: the token it produced and how long it took.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepReport {
+    /// 0 for the prefill, then 1, 2, …
+    pub step: usize,
+    /// Tokens fed this step.
+    pub fed: usize,
+    /// Past length this step.
+    pub past: usize,
+    /// The token chosen (greedy).
+    pub token: i64,
+    /// Wall time of the model run, in milliseconds (the reference's not included).
+    pub ms: f64,
+    /// Of that, the time spent making a plan for a shape the session had not seen (the
+    /// prompt, the first decode step), in milliseconds.
+    pub planning_ms: f64,
+    /// The lockstep comparison, with a check.
+    pub check: Option<StepCheck>,
+}
+
+/// The outcome of a generation.
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerationReport {
+    /// The prompt.
+    pub prompt: Vec<i64>,
+    /// The generated tokens.
+    pub tokens: Vec<i64>,
+    /// Every step.
+    pub steps: Vec<StepReport>,
+    /// The prefill's time: prompt in, first token out (ms), planning included.
+    pub time_to_first_token_ms: f64,
+    /// Decode steps per second, over the steps that made no plan.
+    pub decode_tokens_per_s: Option<f64>,
+    /// Median decode-step time (ms), over the steps that made no plan.
+    pub median_step_ms: Option<f64>,
+    /// How the session's plans were made (a step that needed a new plan shows here).
+    pub plans: PlanStats,
+    /// With a check: whether every step agreed.
+    pub check_ok: Option<bool>,
+}
+
+/// A decoder ready to generate: its signature and a session (and a reference session for
+/// checks).
+pub struct Generator {
+    signature: DecoderSignature,
+    session: Session,
+    reference: Option<Session>,
+}
+
+impl Generator {
+    /// Reads the decoder's signature from `model` and opens a session for it, plus one for
+    /// `reference` (the graph to check against) when given. `what` names the model in errors.
+    pub fn new(
+        model: &ModelProto,
+        reference: Option<&ModelProto>,
+        threads: &Threads,
+        what: &str,
+        backend: Backend,
+    ) -> Result<Generator> {
+        let signature = DecoderSignature::detect(model, what)?;
+        let options = SessionOptions {
+            backend,
+            shapes: ShapePolicy::DynamicDims(signature.dynamic_dims()),
+            ..SessionOptions::default()
+        };
+        let session = Session::new(model, threads, what, &options)?;
+        let reference = reference
+            .map(|r| Session::new(r, threads, &format!("reference {what}"), &options))
+            .transpose()?;
+        Ok(Generator {
+            signature,
+            session,
+            reference,
+        })
+    }
+
+    /// The decoder's signature.
+    pub fn signature(&self) -> &DecoderSignature {
+        &self.signature
+    }
+
+    /// Generates greedily; `on_step` sees every step as it completes (for progress).
+    pub fn generate(
+        &self,
+        options: &GenerationOptions,
+        mut on_step: impl FnMut(&StepReport),
+    ) -> Result<GenerationReport> {
+        if options.prompt.is_empty() {
+            bail!("the prompt is empty: give at least one token");
+        }
+        if let Some(v) = self.signature.vocab {
+            if let Some(bad) = options.prompt.iter().find(|&&t| t < 0 || t as usize >= v) {
+                bail!("prompt token {bad} is outside the vocabulary [0, {v})");
+            }
+        }
+        let mut ours = StepInputs::prefill(&self.signature, &options.prompt)?;
+        let mut theirs = self.reference.as_ref().map(|_| ours.clone());
+        let mut steps = Vec::new();
+        let mut tokens = Vec::new();
+        while tokens.len() < options.max_new_tokens {
+            let step = self.step(steps.len(), &mut ours, theirs.as_mut(), options)?;
+            on_step(&step);
+            let token = step.token;
+            steps.push(step);
+            tokens.push(token);
+            if options.eos_token == Some(token) {
+                break;
+            }
+            ours.advance(token);
+            if let Some(t) = theirs.as_mut() {
+                t.advance(token);
+            }
+        }
+        Ok(self.report(options, tokens, steps))
+    }
+
+    /// Runs one step on both sessions; the cache of each moves forward with its own presents.
+    fn step(
+        &self,
+        index: usize,
+        ours: &mut StepInputs,
+        theirs: Option<&mut StepInputs>,
+        options: &GenerationOptions,
+    ) -> Result<StepReport> {
+        let (fed, past) = (ours.fed(), ours.past());
+        let planned_before = self.session.plan_stats().build_ms;
+        let started = Instant::now();
+        let outputs = self.session.run_owned(ours.take_tensors()?)?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        let planning_ms = self.session.plan_stats().build_ms - planned_before;
+        let logits = ours.take_outputs(&self.signature, outputs)?;
+        let token = argmax_last(&logits)?;
+        let check = match (theirs, &self.reference) {
+            (Some(t), Some(reference)) => {
+                let outputs = reference.run_owned(t.take_tensors()?)?;
+                let reference_logits = t.take_outputs(&self.signature, outputs)?;
+                let reference_token = argmax_last(&reference_logits)?;
+                let tol = options.check.unwrap_or_default();
+                let diff = attnrt_runtime::diff_tensor(
+                    &self.signature.logits,
+                    &logits,
+                    &reference_logits,
+                    tol,
+                );
+                Some(StepCheck {
+                    reference_token,
+                    ok: diff.ok && reference_token == token,
+                    logits: diff,
+                })
+            }
+            _ => None,
+        };
+        Ok(StepReport {
+            step: index,
+            fed,
+            past,
+            token,
+            ms,
+            planning_ms,
+            check,
+        })
+    }
+
+    fn report(
+        &self,
+        options: &GenerationOptions,
+        tokens: Vec<i64>,
+        steps: Vec<StepReport>,
+    ) -> GenerationReport {
+        let mut decode: Vec<f64> = steps
+            .iter()
+            .skip(1)
+            .filter(|s| s.planning_ms == 0.0)
+            .map(|s| s.ms)
+            .collect();
+        let decode_ms: f64 = decode.iter().sum();
+        decode.sort_by(f64::total_cmp);
+        GenerationReport {
+            prompt: options.prompt.clone(),
+            tokens,
+            time_to_first_token_ms: steps.first().map_or(0.0, |s| s.ms),
+            decode_tokens_per_s: (decode_ms > 0.0).then(|| decode.len() as f64 / decode_ms * 1e3),
+            median_step_ms: (!decode.is_empty()).then(|| decode[decode.len() / 2]),
+            plans: self.session.plan_stats(),
+            check_ok: self
+                .reference
+                .as_ref()
+                .map(|_| steps.iter().all(|s| s.check.as_ref().is_some_and(|c| c.ok))),
+            steps,
+        }
+    }
+}

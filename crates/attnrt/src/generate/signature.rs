@@ -1,0 +1,274 @@
+//! What a decoder exported with its key/value cache takes and gives, read off its declared
+//! inputs and outputs: the token ids, the optional attention mask and position ids, one past
+//! input per cached tensor paired with the present output that continues it, and the logits.
+
+use anyhow::{bail, Context, Result};
+use attnrt_onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
+use attnrt_onnx::{DataType, ModelProto, ValueInfoProto};
+use serde::Serialize;
+
+/// One cached tensor: the past input and the present output that is fed back as it next step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CacheSlot {
+    /// The graph input (e.g. `past_key_values.0.key`), `[batch, heads, past, head_size]`.
+    pub past: String,
+    /// The graph output (e.g. `present.0.key`), `[batch, heads, past + new, head_size]`.
+    pub present: String,
+    /// Key/value heads.
+    pub heads: usize,
+    /// Head size.
+    pub head_size: usize,
+    /// Element type (`DataType` number).
+    pub elem_type: i32,
+}
+
+/// A decoder's inputs and outputs, as generation uses them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DecoderSignature {
+    /// The token ids input, `[batch, sequence]`.
+    pub input_ids: String,
+    /// Its element type.
+    pub ids_type: i32,
+    /// The attention mask input, `[batch, past + sequence]`, when the model takes one.
+    pub attention_mask: Option<(String, i32)>,
+    /// The position ids input, `[batch, sequence]`, when the model takes one.
+    pub position_ids: Option<(String, i32)>,
+    /// The cache, in input order.
+    pub cache: Vec<CacheSlot>,
+    /// The logits output, `[batch, sequence, vocab]`.
+    pub logits: String,
+    /// The vocabulary size, when the logits declare it.
+    pub vocab: Option<usize>,
+    /// The `dim_param` of the past length (axis 2 of every past input).
+    pub past_dim: String,
+    /// The `dim_param` of the attention mask's length, when it is its own name.
+    pub total_dim: Option<String>,
+}
+
+fn dims(v: &ValueInfoProto) -> Option<(i32, Vec<DimValue>)> {
+    use attnrt_onnx::proto::type_proto::Value;
+    let Some(Value::TensorType(t)) = v.r#type.as_ref()?.value.as_ref() else {
+        return None;
+    };
+    let shape = t.shape.as_ref()?;
+    let d = shape
+        .dim
+        .iter()
+        .map(|d| d.value.clone())
+        .collect::<Option<Vec<_>>>()?;
+    Some((t.elem_type, d))
+}
+
+fn fixed(d: &DimValue) -> Option<usize> {
+    match d {
+        DimValue::DimValue(v) if *v > 0 => usize::try_from(*v).ok(),
+        _ => None,
+    }
+}
+
+fn param(d: &DimValue) -> Option<&str> {
+    match d {
+        DimValue::DimParam(p) if !p.is_empty() => Some(p),
+        _ => None,
+    }
+}
+
+/// The part of a cache name that identifies the slot: `past_key_values.0.key` and
+/// `present.0.key` both give `.0.key`.
+fn slot_tag(name: &str, prefixes: &[&str]) -> Option<String> {
+    let lower = name.to_ascii_lowercase();
+    prefixes
+        .iter()
+        .find_map(|p| lower.strip_prefix(p).map(str::to_string))
+}
+
+const PAST: &[&str] = &["past_key_values", "past_key_value", "past"];
+const PRESENT: &[&str] = &["present_key_values", "present_key_value", "present"];
+
+impl DecoderSignature {
+    /// Reads the signature of `model` (`what` names it in errors).
+    pub fn detect(model: &ModelProto, what: &str) -> Result<DecoderSignature> {
+        let graph = model.graph.as_ref().context("the model has no graph")?;
+        let initializers: std::collections::HashSet<&str> =
+            graph.initializer.iter().map(|t| t.name.as_str()).collect();
+        let inputs: Vec<&ValueInfoProto> = graph
+            .input
+            .iter()
+            .filter(|i| !initializers.contains(i.name.as_str()))
+            .collect();
+        let outputs: Vec<&ValueInfoProto> = graph.output.iter().collect();
+        let pasts: Vec<&ValueInfoProto> = inputs
+            .iter()
+            .copied()
+            .filter(|i| slot_tag(&i.name, PAST).is_some())
+            .collect();
+        if pasts.is_empty() {
+            bail!(
+                "{what}: the model has no cache inputs (past_key_values.*): `attnrt generate` \
+                 needs a decoder exported with its key/value cache"
+            );
+        }
+        let (cache, past_dim) = pair_cache(&pasts, &outputs, what)?;
+        let (input_ids, ids_type) = token_input(&inputs, "input_ids", what)?;
+        let attention_mask = optional_int_input(&inputs, "attention_mask");
+        let position_ids = optional_int_input(&inputs, "position_ids");
+        for i in &inputs {
+            let known = [
+                Some(input_ids.as_str()),
+                attention_mask.as_ref().map(|m| m.0.as_str()),
+                position_ids.as_ref().map(|p| p.0.as_str()),
+            ];
+            if !known.contains(&Some(i.name.as_str())) && !pasts.iter().any(|p| p.name == i.name) {
+                bail!(
+                    "{what}: input '{}' is none of token ids, attention mask, position ids or \
+                     cache; `attnrt generate` cannot feed it",
+                    i.name
+                );
+            }
+        }
+        let total_dim = attention_mask
+            .as_ref()
+            .and_then(|(m, _)| inputs.iter().find(|i| &i.name == m))
+            .and_then(|i| dims(i))
+            .and_then(|(_, d)| d.get(1).and_then(param).map(str::to_string))
+            .filter(|t| *t != past_dim);
+        let (logits, vocab) = logits_output(&outputs, &cache, what)?;
+        Ok(DecoderSignature {
+            input_ids,
+            ids_type,
+            attention_mask,
+            position_ids,
+            cache,
+            logits,
+            vocab,
+            past_dim,
+            total_dim,
+        })
+    }
+
+    /// The `dim_param`s a session keeps symbolic across decode steps: the past length first
+    /// (the anchor), then the mask's length when it has its own name.
+    pub fn dynamic_dims(&self) -> Vec<String> {
+        std::iter::once(self.past_dim.clone())
+            .chain(self.total_dim.clone())
+            .collect()
+    }
+}
+
+/// Pairs every past input with its present output and checks their shapes agree.
+fn pair_cache(
+    pasts: &[&ValueInfoProto],
+    outputs: &[&ValueInfoProto],
+    what: &str,
+) -> Result<(Vec<CacheSlot>, String)> {
+    let mut cache = Vec::new();
+    let mut past_dim: Option<String> = None;
+    for p in pasts {
+        let tag = slot_tag(&p.name, PAST).unwrap_or_default();
+        let present = outputs
+            .iter()
+            .find(|o| slot_tag(&o.name, PRESENT).as_deref() == Some(tag.as_str()))
+            .with_context(|| {
+                format!(
+                    "{what}: cache input '{}' has no matching present output (expected a name \
+                     like 'present{tag}')",
+                    p.name
+                )
+            })?;
+        let (elem_type, pd) = dims(p)
+            .with_context(|| format!("{what}: cache input '{}' declares no shape", p.name))?;
+        let (present_type, od) = dims(present)
+            .with_context(|| format!("{what}: output '{}' declares no shape", present.name))?;
+        let (heads, head_size) = match (
+            pd.len(),
+            pd.get(1).and_then(fixed),
+            pd.get(3).and_then(fixed),
+        ) {
+            (4, Some(h), Some(d)) => (h, d),
+            _ => bail!(
+                "{what}: cache input '{}' is not [batch, heads, past, head_size] with fixed \
+                 heads and head size",
+                p.name
+            ),
+        };
+        if od.len() != 4
+            || od.get(1).and_then(fixed) != Some(heads)
+            || od.get(3).and_then(fixed) != Some(head_size)
+            || present_type != elem_type
+        {
+            bail!(
+                "{what}: '{}' and '{}' disagree: the present output must have the past input's \
+                 type, heads ({heads}) and head size ({head_size})",
+                p.name,
+                present.name
+            );
+        }
+        let dim = pd[2].clone();
+        let name = param(&dim).with_context(|| {
+            format!(
+                "{what}: cache input '{}' has no named past-length dimension",
+                p.name
+            )
+        })?;
+        match &past_dim {
+            Some(d) if d != name => {
+                bail!("{what}: cache inputs disagree on the past length ('{d}' and '{name}')")
+            }
+            _ => past_dim = Some(name.to_string()),
+        }
+        cache.push(CacheSlot {
+            past: p.name.clone(),
+            present: present.name.clone(),
+            heads,
+            head_size,
+            elem_type,
+        });
+    }
+    Ok((cache, past_dim.unwrap_or_default()))
+}
+
+fn is_int(t: i32) -> bool {
+    t == DataType::Int64 as i32 || t == DataType::Int32 as i32
+}
+
+fn token_input(inputs: &[&ValueInfoProto], name: &str, what: &str) -> Result<(String, i32)> {
+    let i = inputs
+        .iter()
+        .find(|i| i.name == name)
+        .with_context(|| format!("{what}: no '{name}' input (the token ids)"))?;
+    match dims(i) {
+        Some((t, d)) if is_int(t) && d.len() == 2 => Ok((i.name.clone(), t)),
+        _ => bail!("{what}: input '{name}' is not an int32/int64 [batch, sequence] tensor"),
+    }
+}
+
+fn optional_int_input(inputs: &[&ValueInfoProto], name: &str) -> Option<(String, i32)> {
+    let i = inputs.iter().find(|i| i.name == name)?;
+    let (t, _) = dims(i)?;
+    Some((i.name.clone(), t))
+}
+
+fn logits_output(
+    outputs: &[&ValueInfoProto],
+    cache: &[CacheSlot],
+    what: &str,
+) -> Result<(String, Option<usize>)> {
+    let candidates: Vec<&&ValueInfoProto> = outputs
+        .iter()
+        .filter(|o| !cache.iter().any(|c| c.present == o.name))
+        .collect();
+    let o = candidates
+        .iter()
+        .find(|o| o.name == "logits")
+        .or(candidates.first())
+        .with_context(|| format!("{what}: no logits output besides the cache"))?;
+    let (t, d) =
+        dims(o).with_context(|| format!("{what}: output '{}' declares no shape", o.name))?;
+    if d.len() != 3 || !(t == DataType::Float as i32 || t == DataType::Float16 as i32) {
+        bail!(
+            "{what}: output '{}' is not float logits [batch, sequence, vocab]",
+            o.name
+        );
+    }
+    Ok((o.name.clone(), d.get(2).and_then(fixed)))
+}

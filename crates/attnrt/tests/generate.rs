@@ -1,0 +1,157 @@
+//! Generation over the shipped decoders with a KV cache (GPT-2 and LLaMA-GQA, TorchScript and
+//! dynamo, eager and SDPA): the fused graph generates the same tokens as the original graph in
+//! lockstep, with logits within |a − b| ≤ 1e-4 + 1e-4·|b| (the kernel reassociates sums), and
+//! one session serves the prompt and every decode step with two plans. Bad decoders are
+//! refused with the input or output named.
+
+use std::path::{Path, PathBuf};
+
+use attnrt::generate::{DecoderSignature, GenerationOptions, Generator};
+use attnrt_fusion::{fuse, FusionOptions};
+use attnrt_onnx::{load_model, Limits, ModelProto};
+use attnrt_runtime::{Backend, Threads, Tolerance};
+
+fn models_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
+}
+
+fn decoders() -> Vec<String> {
+    let mut files: Vec<String> = std::fs::read_dir(models_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|f| f.contains("_cache_") && f.ends_with(".onnx"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn load(file: &str) -> ModelProto {
+    load_model(&models_dir().join(file), &Limits::default())
+        .unwrap_or_else(|e| panic!("{file}: {e:#}"))
+        .model
+}
+
+#[test]
+fn fused_decoders_generate_the_unfused_tokens_with_two_plans() {
+    let files = decoders();
+    assert!(
+        files.len() >= 8,
+        "decoders with a cache in models/: {files:?}"
+    );
+    let threads = Threads::new(Some(2)).unwrap();
+    let tol = Tolerance {
+        atol: 1e-4,
+        rtol: 1e-4,
+    };
+    for file in files {
+        let original = load(&file);
+        let fused = fuse(&original, &FusionOptions::default()).unwrap().model;
+        let generator =
+            Generator::new(&fused, Some(&original), &threads, &file, Backend::Attnrt).unwrap();
+        let options = GenerationOptions {
+            prompt: vec![3, 14, 15, 92, 65],
+            max_new_tokens: 6,
+            eos_token: None,
+            check: Some(tol),
+            backend: Backend::Attnrt,
+        };
+        let mut seen = 0;
+        let report = generator.generate(&options, |_| seen += 1).unwrap();
+        assert_eq!(report.tokens.len(), 6, "{file}");
+        assert_eq!(seen, 6, "{file}: one callback per step");
+        assert_eq!(report.check_ok, Some(true), "{file}: {:#?}", report.steps);
+        assert_eq!(
+            report.plans.built, 2,
+            "{file}: one plan for the prompt and one for every decode step: {:?}",
+            report.plans
+        );
+        let pasts: Vec<usize> = report.steps.iter().map(|s| s.past).collect();
+        assert_eq!(pasts, [0, 5, 6, 7, 8, 9], "{file}");
+    }
+}
+
+#[test]
+fn eos_stops_generation_and_keeps_the_token() {
+    let file = &decoders()[0];
+    let model = load(file);
+    let threads = Threads::new(Some(1)).unwrap();
+    let g = Generator::new(&model, None, &threads, file, Backend::Attnrt).unwrap();
+    let mut options = GenerationOptions {
+        prompt: vec![1, 2, 3],
+        max_new_tokens: 5,
+        eos_token: None,
+        check: None,
+        backend: Backend::Attnrt,
+    };
+    let free = g.generate(&options, |_| {}).unwrap();
+    options.eos_token = Some(free.tokens[1]);
+    let stopped = g.generate(&options, |_| {}).unwrap();
+    let stop_at = free
+        .tokens
+        .iter()
+        .position(|&t| t == free.tokens[1])
+        .unwrap();
+    assert_eq!(stopped.tokens, free.tokens[..=stop_at], "{file}");
+    assert_eq!(stopped.check_ok, None);
+}
+
+#[test]
+fn signatures_pair_every_past_with_its_present() {
+    for file in decoders() {
+        let sig = DecoderSignature::detect(&load(&file), &file).unwrap();
+        assert_eq!(sig.input_ids, "input_ids", "{file}");
+        assert_eq!(sig.cache.len(), 4, "{file}: 2 layers × key/value");
+        for slot in &sig.cache {
+            let tag = slot.past.trim_start_matches("past_key_values");
+            assert!(slot.present.ends_with(tag), "{file}: {slot:?}");
+        }
+        assert_eq!(sig.dynamic_dims()[0], sig.past_dim, "{file}");
+    }
+}
+
+fn expect_refusal(model: &ModelProto, needle: &str) {
+    let e = DecoderSignature::detect(model, "m.onnx").unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(msg.contains("m.onnx") && msg.contains(needle), "{msg}");
+}
+
+#[test]
+fn models_that_cannot_generate_are_refused_with_the_reason() {
+    // An encoder: no cache.
+    expect_refusal(&load("bert_eager.ts.onnx"), "no cache inputs");
+    let decoder = load(&decoders()[0]);
+    // A present output renamed: the past input has nothing to pair with.
+    let mut renamed = decoder.clone();
+    let g = renamed.graph.as_mut().unwrap();
+    let out = g
+        .output
+        .iter_mut()
+        .find(|o| o.name.contains(".0.key"))
+        .unwrap();
+    let old = out.name.clone();
+    out.name = "cache_out".into();
+    for n in &mut g.node {
+        for o in &mut n.output {
+            if *o == old {
+                *o = "cache_out".into();
+            }
+        }
+    }
+    expect_refusal(&renamed, "has no matching present output");
+    // A present output declared with other heads than its past.
+    let mut reshaped = decoder.clone();
+    let g = reshaped.graph.as_mut().unwrap();
+    let out = g
+        .output
+        .iter_mut()
+        .find(|o| o.name.contains(".0.key"))
+        .unwrap();
+    use attnrt_onnx::proto::{tensor_shape_proto::dimension::Value, type_proto};
+    if let Some(type_proto::Value::TensorType(t)) =
+        out.r#type.as_mut().and_then(|t| t.value.as_mut())
+    {
+        t.shape.as_mut().unwrap().dim[1].value = Some(Value::DimValue(99));
+    }
+    expect_refusal(&reshaped, "disagree");
+}
