@@ -24,6 +24,7 @@
 //! A problem with no keys at all (`Lk == 0`, or a causal offset that excludes every key) is the
 //! same case: zero rows.
 
+mod decode;
 mod error;
 mod flash;
 mod isa;
@@ -120,9 +121,58 @@ pub fn attention_with_isa(
     params: &AttentionParams,
     out: &mut ViewMut4,
 ) -> Result<(), KernelError> {
+    attention_routed(isa, Route::Auto, q, k, v, mask, params, out)
+}
+
+/// Which algorithm serves a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// The decode path when `Lq ≤ 4`, else the flash path (what [`attention`] does).
+    Auto,
+    /// The flash-style kernel: tasks per (batch, q-head, query blocks), register tiles over
+    /// queries; made for long query sequences (prefill, encoders).
+    Flash,
+    /// Flash-decoding for a few queries against a long cache: the keys split across threads,
+    /// each K/V row read once for every q-head of its GQA group, one merge of the splits.
+    Decode,
+}
+
+impl Route {
+    /// The name used in reports and benchmark labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::Auto => "auto",
+            Route::Flash => "flash",
+            Route::Decode => "decode",
+        }
+    }
+}
+
+/// [`attention_with_isa`] on an explicit [`Route`] (benchmarks and tests compare the paths).
+/// Every route accepts every valid problem.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_routed(
+    isa: Isa,
+    route: Route,
+    q: &View4,
+    k: &View4,
+    v: &View4,
+    mask: &Mask,
+    params: &AttentionParams,
+    out: &mut ViewMut4,
+) -> Result<(), KernelError> {
     isa.ensure_available()?;
     let problem = Problem::check(q, k, Some(v), mask, Some(out))?;
-    flash::run(isa, &problem, q, k, v, mask, params, out);
+    let decode = match route {
+        Route::Auto => decode::suits(&problem),
+        Route::Flash => false,
+        Route::Decode => true,
+    };
+    if decode {
+        decode::run(isa, &problem, q, k, v, mask, params, out);
+    } else {
+        flash::run(isa, &problem, q, k, v, mask, params, out);
+    }
     Ok(())
 }
 

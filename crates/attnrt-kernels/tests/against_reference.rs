@@ -1,4 +1,5 @@
-//! Property test: the flash kernel on every ISA path this CPU has equals the f64 reference over
+//! Property test: the kernel on every ISA path this CPU has and on every route (flash, decode,
+//! and the automatic choice) equals the f64 reference over
 //! random shapes (GQA, Lq ≠ Lk, odd head sizes), layouts (dense 4-D, 3-D `[B, L, H·D]`, padded
 //! rows), masks (none / additive / bool, broadcast on any of batch, head, query, key axis, keys
 //! shorter than Lk, −inf entries and whole −inf rows), causal offsets, soft-cap and scale.
@@ -9,7 +10,9 @@
 //! proptest's default 256 cases (this crate is built at opt-level 3 in the dev profile; a few
 //! seconds); set PROPTEST_CASES for more.
 
-use attnrt_kernels::{attention_with_isa, reference, AttentionParams, Isa, Mask, View4, ViewMut4};
+use attnrt_kernels::{
+    attention_routed, reference, AttentionParams, Isa, Mask, Route, View4, ViewMut4,
+};
 use proptest::prelude::*;
 
 /// Small deterministic generator for tensor contents (proptest shrinks the seed, not the data).
@@ -227,10 +230,15 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
     .unwrap();
     let want_view = View4::new(&want_buf, out_dims, ws).unwrap();
 
-    for isa in Isa::available() {
+    let routes = [Route::Auto, Route::Flash, Route::Decode];
+    for (isa, route) in Isa::available()
+        .into_iter()
+        .flat_map(|isa| routes.map(|r| (isa, r)))
+    {
         let mut got_buf = vec![f32::NAN; want_buf.len()];
-        attention_with_isa(
+        attention_routed(
             isa,
+            route,
             &q,
             &k,
             &v,
@@ -258,8 +266,9 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
                             prop_assert_eq!(
                                 g,
                                 0.0,
-                                "{}: out[{},{},{},{}] of a fully-masked row",
+                                "{}/{}: out[{},{},{},{}] of a fully-masked row",
                                 isa,
+                                route.name(),
                                 b,
                                 h,
                                 i,
@@ -268,7 +277,8 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
                         }
                         prop_assert!(
                             (g - w).abs() <= 3e-5 + 3e-4 * w.abs(),
-                            "{isa}: out[{b},{h},{i},{e}] = {g}, reference {w}"
+                            "{isa}/{}: out[{b},{h},{i},{e}] = {g}, reference {w}",
+                            route.name()
                         );
                     }
                 }
@@ -367,12 +377,82 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
+/// Decode shapes: 1–4 queries against 1–300 keys (up to two key splits), GQA groups up to 8.
+fn decode_case() -> impl Strategy<Value = Case> {
+    (
+        case(),
+        1usize..=4,
+        1usize..=300,
+        prop_oneof![Just(1usize), Just(2), Just(4), Just(8)],
+    )
+        .prop_flat_map(|(c, lq, lk, ratio)| {
+            (
+                Just(Case { lq, lk, ratio, ..c }),
+                mask_case(lk),
+                prop::option::of(-4isize..=300),
+            )
+        })
+        .prop_map(|(c, mask, causal)| Case { mask, causal, ..c })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::default())]
 
     #[test]
     fn kernel_matches_reference(c in case()) {
         run_case(&c)?;
+    }
+
+    #[test]
+    fn decode_shapes_match_reference(c in decode_case()) {
+        run_case(&c)?;
+    }
+}
+
+/// The decode path with many key splits (a pool of 8 threads asks for 32 tasks): causal
+/// frontiers inside a split, splits every key of which is masked, whole rows masked, GQA 4.
+#[test]
+fn decode_splits_merge_like_reference() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(8)
+        .build()
+        .unwrap();
+    for (i, (lq, lk, causal, p_neg_inf)) in [
+        (1, 1500, None, 0.0),
+        (1, 2100, Some(700), 0.0),
+        (4, 1200, Some(1196), 0.5),
+        (3, 1800, Some(-1), 0.99),
+        (2, 900, Some(300), 0.0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let c = Case {
+            b: 2,
+            hkv: 1,
+            ratio: 4,
+            lq,
+            lk,
+            d: 64,
+            dv: 72,
+            layouts: [Layout::Bshd, Layout::Bhld, Layout::Padded, Layout::Bshd],
+            mask: if p_neg_inf == 0.0 {
+                MaskCase::None
+            } else {
+                MaskCase::Additive {
+                    bcast: [false, false, false],
+                    keys: KeyAxis::Full,
+                    p_neg_inf,
+                    neg_inf_row: true,
+                }
+            },
+            causal,
+            softcap: if i == 2 { Some(3.0) } else { None },
+            scale: AttentionParams::default_scale(64),
+            amplitude: 2.0,
+            seed: 40 + i as u64,
+        };
+        pool.install(|| run_case(&c)).unwrap();
     }
 }
 

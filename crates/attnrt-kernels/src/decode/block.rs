@@ -1,0 +1,425 @@
+//! The arithmetic of one split: blocks of [`KB`] keys, scores of every row of the group against
+//! the block (register tiles of rows × keys), the online softmax per row, and `P·V` accumulated
+//! into each row's output (register tiles of rows × 16 value columns).
+//!
+//! Written once over fixed-size lane arrays (`[f32; 8]`, `[f32; 16]`) that LLVM turns into
+//! vector registers, and instantiated twice by [`run_split`]: inside an AVX2+FMA
+//! `#[target_feature]` function (`FMA = true`: fused multiply-adds on ymm registers) and for the
+//! baseline target (`FMA = false`: separate multiply and add, since `mul_add` without the
+//! instruction is a library call).
+
+// Raw pointers into validated views are passed with their strides; bundling them obscures it.
+#![allow(clippy::too_many_arguments)]
+
+use super::{Plan, KB};
+use crate::flash::{JobMask, EXP2_C};
+
+/// Per-thread scratch of the decode tasks.
+pub(crate) struct Rows {
+    /// packed queries, `R×D`, times `scale·log2 e`
+    qp: Vec<f32>,
+    /// the score tile of the current block, `R×KB`
+    s: Vec<f32>,
+    /// un-normalized outputs, `R×Dv`
+    o: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+    alpha: Vec<f32>,
+    /// K and V rows of a block, copied only when a row is not contiguous
+    kbuf: Vec<f32>,
+    vbuf: Vec<f32>,
+    kptr: [*const f32; KB],
+    vptr: [*const f32; KB],
+}
+
+impl Rows {
+    pub(crate) fn new(plan: &Plan) -> Rows {
+        let r = plan.rows();
+        Rows {
+            qp: vec![0.0; r * plan.d],
+            s: vec![0.0; r * KB],
+            o: vec![0.0; r * plan.dv],
+            m: vec![0.0; r],
+            l: vec![0.0; r],
+            alpha: vec![0.0; r],
+            kbuf: vec![0.0; if plan.ks[3] == 1 { 0 } else { KB * plan.d }],
+            vbuf: vec![0.0; if plan.vs[3] == 1 { 0 } else { KB * plan.dv }],
+            kptr: [std::ptr::null(); KB],
+            vptr: [std::ptr::null(); KB],
+        }
+    }
+}
+
+/// Computes split `s` of `(b, kvh)` into `part` = `m[R]`, `l[R]`, `o[R][Dv]` (base-2 running max,
+/// sum of `2^(score − m)`, and the un-normalized output of every row).
+///
+/// # Safety
+/// `fma` only if the CPU has AVX2 and FMA; `plan` built from validated views still borrowed.
+pub(crate) unsafe fn run_split(
+    fma: bool,
+    plan: &Plan,
+    rows: &mut Rows,
+    b: usize,
+    kvh: usize,
+    s: usize,
+    part: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        return split_fma(plan, rows, b, kvh, s, part);
+    }
+    let _ = fma;
+    split::<false>(plan, rows, b, kvh, s, part)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn split_fma(
+    plan: &Plan,
+    rows: &mut Rows,
+    b: usize,
+    kvh: usize,
+    s: usize,
+    part: &mut [f32],
+) {
+    split::<true>(plan, rows, b, kvh, s, part)
+}
+
+#[inline(always)]
+unsafe fn split<const FMA: bool>(
+    plan: &Plan,
+    rows: &mut Rows,
+    b: usize,
+    kvh: usize,
+    s: usize,
+    part: &mut [f32],
+) {
+    let nrows = plan.rows();
+    let j0 = s * plan.split_len;
+    let j1 = (j0 + plan.split_len).min(plan.keys);
+    pack_queries(plan, rows, b, kvh);
+    rows.m.fill(f32::NEG_INFINITY);
+    rows.l.fill(0.0);
+    rows.o.fill(0.0);
+    let mut jb = j0;
+    while jb < j1 {
+        let nb = KB.min(j1 - jb);
+        block_rows(plan, rows, b, kvh, jb, nb);
+        scores::<FMA>(plan, rows, nb);
+        for r in 0..nrows {
+            let srow = &mut rows.s[r * KB..(r + 1) * KB];
+            bias_row(plan, srow, b, kvh, r, jb, nb);
+            let (m, l) = (&mut rows.m[r], &mut rows.l[r]);
+            rows.alpha[r] = softmax_row::<FMA>(srow, m, l);
+        }
+        accumulate_pv::<FMA>(plan, rows, nb);
+        jb += nb;
+    }
+    part[..nrows].copy_from_slice(&rows.m);
+    part[nrows..2 * nrows].copy_from_slice(&rows.l);
+    part[2 * nrows..].copy_from_slice(&rows.o);
+}
+
+/// `qp[r][e] = scale·log2 e · Q[b, h, i, e]` for every row `r = (h, i)` of the group.
+#[inline(always)]
+unsafe fn pack_queries(plan: &Plan, rows: &mut Rows, b: usize, kvh: usize) {
+    let [s0, s1, s2, s3] = plan.qs;
+    for (r, dst) in rows.qp.chunks_exact_mut(plan.d.max(1)).enumerate() {
+        let (h, i) = plan.row_head_query(kvh, r);
+        let row = plan
+            .q
+            .offset(b as isize * s0 + h as isize * s1 + i as isize * s2);
+        for (e, x) in dst.iter_mut().enumerate() {
+            *x = *row.offset(e as isize * s3) * plan.scale2;
+        }
+    }
+}
+
+/// Points `kptr`/`vptr` at the block's K and V rows (in place when contiguous, else copied).
+#[inline(always)]
+unsafe fn block_rows(plan: &Plan, rows: &mut Rows, b: usize, kvh: usize, jb: usize, nb: usize) {
+    let kbase = plan
+        .k
+        .offset(b as isize * plan.ks[0] + kvh as isize * plan.ks[1]);
+    let vbase = plan
+        .v
+        .offset(b as isize * plan.vs[0] + kvh as isize * plan.vs[1]);
+    for t in 0..nb {
+        let j = (jb + t) as isize;
+        rows.kptr[t] = row_ptr(
+            kbase.offset(j * plan.ks[2]),
+            plan.ks[3],
+            plan.d,
+            &mut rows.kbuf,
+            t,
+        );
+        rows.vptr[t] = row_ptr(
+            vbase.offset(j * plan.vs[2]),
+            plan.vs[3],
+            plan.dv,
+            &mut rows.vbuf,
+            t,
+        );
+    }
+}
+
+/// The row itself when its elements are adjacent, else a copy in slot `t` of `buf`.
+#[inline(always)]
+unsafe fn row_ptr(
+    row: *const f32,
+    stride: isize,
+    n: usize,
+    buf: &mut [f32],
+    t: usize,
+) -> *const f32 {
+    if stride == 1 {
+        return row;
+    }
+    let dst = &mut buf[t * n..(t + 1) * n];
+    for (e, x) in dst.iter_mut().enumerate() {
+        *x = *row.offset(e as isize * stride);
+    }
+    dst.as_ptr()
+}
+
+/// `s[r][t] = qp[r] · K[t]` for the block, in tiles of up to 4 rows × 2 keys.
+#[inline(always)]
+unsafe fn scores<const FMA: bool>(plan: &Plan, rows: &mut Rows, nb: usize) {
+    let (nrows, d) = (plan.rows(), plan.d);
+    let (qp, s) = (rows.qp.as_ptr(), rows.s.as_mut_ptr());
+    let mut r = 0;
+    while r < nrows {
+        let (q, srow) = (qp.add(r * d), s.add(r * KB));
+        match nrows - r {
+            1 => score_rows::<FMA, 1>(q, d, &rows.kptr, nb, srow),
+            2 => score_rows::<FMA, 2>(q, d, &rows.kptr, nb, srow),
+            3 => score_rows::<FMA, 3>(q, d, &rows.kptr, nb, srow),
+            _ => score_rows::<FMA, 4>(q, d, &rows.kptr, nb, srow),
+        }
+        r += 4;
+    }
+}
+
+#[inline(always)]
+unsafe fn score_rows<const FMA: bool, const NR: usize>(
+    q: *const f32,
+    d: usize,
+    k: &[*const f32; KB],
+    nb: usize,
+    s: *mut f32,
+) {
+    let mut t = 0;
+    while t + 2 <= nb {
+        dot_tile::<FMA, NR, 2>(q, d, [k[t], k[t + 1]], s.add(t));
+        t += 2;
+    }
+    if t < nb {
+        dot_tile::<FMA, NR, 1>(q, d, [k[t]], s.add(t));
+    }
+}
+
+/// `s[r·KB + kk] = q[r] · k[kk]` for an `NR × NK` tile: `NR·NK` 8-lane accumulators.
+#[inline(always)]
+unsafe fn dot_tile<const FMA: bool, const NR: usize, const NK: usize>(
+    q: *const f32,
+    d: usize,
+    k: [*const f32; NK],
+    s: *mut f32,
+) {
+    let mut acc = [[[0.0f32; 8]; NK]; NR];
+    let chunks = d / 8;
+    for c in 0..chunks {
+        let kc: [[f32; 8]; NK] = std::array::from_fn(|kk| load::<8>(k[kk].add(c * 8)));
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let qc = load::<8>(q.add(r * d + c * 8));
+            for kk in 0..NK {
+                acc_r[kk] = madd_lanes::<FMA, 8>(qc, kc[kk], acc_r[kk]);
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        for kk in 0..NK {
+            let mut total = acc_r[kk].iter().sum::<f32>();
+            for e in chunks * 8..d {
+                total = madd::<FMA>(*q.add(r * d + e), *k[kk].add(e), total);
+            }
+            *s.add(r * KB + kk) = total;
+        }
+    }
+}
+
+/// Soft-cap, mask and causal frontier applied to row `r`'s scores of the block; keys past the
+/// block's end (`t ≥ nb`) become `−inf` so that the softmax can run over whole lanes.
+#[inline(always)]
+unsafe fn bias_row(
+    plan: &Plan,
+    srow: &mut [f32],
+    b: usize,
+    kvh: usize,
+    r: usize,
+    jb: usize,
+    nb: usize,
+) {
+    let (h, i) = plan.row_head_query(kvh, r);
+    if let Some(c2) = plan.softcap2 {
+        for x in &mut srow[..nb] {
+            *x = c2 * (*x / c2).tanh();
+        }
+    }
+    let at = |st: [isize; 4], t: usize| {
+        b as isize * st[0] + h as isize * st[1] + i as isize * st[2] + (jb + t) as isize * st[3]
+    };
+    match plan.mask {
+        JobMask::None => {}
+        JobMask::Additive(m, st) => {
+            for (t, x) in srow[..nb].iter_mut().enumerate() {
+                *x += *m.offset(at(st, t)) * std::f32::consts::LOG2_E;
+            }
+        }
+        JobMask::Boolean(m, st) => {
+            for (t, x) in srow[..nb].iter_mut().enumerate() {
+                if !*m.offset(at(st, t)) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    let live = plan.row_limit(i).saturating_sub(jb).min(nb);
+    for x in &mut srow[live..] {
+        *x = f32::NEG_INFINITY;
+    }
+}
+
+/// One block of the online softmax of a row: updates the running max `m` and sum `l`, turns
+/// the scores into `p = 2^(s − m)` and returns the factor `α = 2^(m_old − m)` for the
+/// output accumulated so far. While every score seen is `−inf`, `m` stays `−inf` and `p = 0`.
+#[inline(always)]
+fn softmax_row<const FMA: bool>(srow: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
+    let mut mx = [f32::NEG_INFINITY; 8];
+    for c in srow.chunks_exact(8) {
+        for (a, x) in mx.iter_mut().zip(c) {
+            *a = a.max(*x);
+        }
+    }
+    let m_new = mx.iter().fold(*m, |a, x| a.max(*x));
+    let m_use = if m_new == f32::NEG_INFINITY {
+        0.0
+    } else {
+        m_new
+    };
+    let alpha = exp2_lanes::<FMA, 8>([*m - m_use; 8])[0];
+    let mut sum = [0.0f32; 8];
+    for c in srow.chunks_exact_mut(8) {
+        let x: [f32; 8] = std::array::from_fn(|e| c[e] - m_use);
+        let p = exp2_lanes::<FMA, 8>(x);
+        c.copy_from_slice(&p);
+        for (a, x) in sum.iter_mut().zip(p) {
+            *a += x;
+        }
+    }
+    *l = alpha * *l + sum.iter().sum::<f32>();
+    *m = m_new;
+    alpha
+}
+
+/// `o[r] = α[r]·o[r] + Σₜ p[r][t]·V[t]` for every row, in tiles of up to 4 rows.
+#[inline(always)]
+unsafe fn accumulate_pv<const FMA: bool>(plan: &Plan, rows: &mut Rows, nb: usize) {
+    let (nrows, dv) = (plan.rows(), plan.dv);
+    let mut r = 0;
+    while r < nrows {
+        let p = rows.s.as_ptr().add(r * KB);
+        let o = rows.o.as_mut_ptr().add(r * dv);
+        let alpha = rows.alpha.as_ptr().add(r);
+        match nrows - r {
+            1 => pv_rows::<FMA, 1>(p, &rows.vptr, nb, alpha, o, dv),
+            2 => pv_rows::<FMA, 2>(p, &rows.vptr, nb, alpha, o, dv),
+            3 => pv_rows::<FMA, 3>(p, &rows.vptr, nb, alpha, o, dv),
+            _ => pv_rows::<FMA, 4>(p, &rows.vptr, nb, alpha, o, dv),
+        }
+        r += 4;
+    }
+}
+
+/// `NR` rows of [`accumulate_pv`]: 16 value columns at a time, `NR` 16-lane accumulators held
+/// over the block's keys, each V row loaded once for all rows; the columns past the last 16
+/// one at a time.
+#[inline(always)]
+unsafe fn pv_rows<const FMA: bool, const NR: usize>(
+    p: *const f32,
+    v: &[*const f32; KB],
+    nb: usize,
+    alpha: *const f32,
+    o: *mut f32,
+    dv: usize,
+) {
+    let chunks = dv / 16;
+    for c in 0..chunks {
+        let mut acc = [[0.0f32; 16]; NR];
+        for (t, vt) in v.iter().enumerate().take(nb) {
+            let vc = load::<16>(vt.add(c * 16));
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                *acc_r = madd_lanes::<FMA, 16>([*p.add(r * KB + t); 16], vc, *acc_r);
+            }
+        }
+        for (r, acc_r) in acc.iter().enumerate() {
+            let dst = o.add(r * dv + c * 16);
+            let old = load::<16>(dst);
+            let new = madd_lanes::<FMA, 16>([*alpha.add(r); 16], old, *acc_r);
+            std::ptr::write_unaligned(dst as *mut [f32; 16], new);
+        }
+    }
+    for e in chunks * 16..dv {
+        for r in 0..NR {
+            let mut total = 0.0f32;
+            for (t, vt) in v.iter().enumerate().take(nb) {
+                total = madd::<FMA>(*p.add(r * KB + t), *vt.add(e), total);
+            }
+            let dst = o.add(r * dv + e);
+            *dst = madd::<FMA>(*alpha.add(r), *dst, total);
+        }
+    }
+}
+
+/// `2^x` per lane: `x = n + f`, `n = round(x)`, the flash kernel's degree-6 polynomial for
+/// `2^f`, and `2^n` built in the exponent bits. Below −126 (including −inf) exactly 0.
+#[inline(always)]
+fn exp2_lanes<const FMA: bool, const N: usize>(x: [f32; N]) -> [f32; N] {
+    // Adding and subtracting 1.5·2^23 rounds to the nearest integer for |x| ≤ 2^22.
+    const ROUND: f32 = 12_582_912.0;
+    std::array::from_fn(|e| {
+        let xc = x[e].clamp(-126.0, 127.0);
+        let n = (xc + ROUND) - ROUND;
+        let f = xc - n;
+        let mut p = EXP2_C[5];
+        for c in EXP2_C[..5].iter().rev() {
+            p = madd::<FMA>(p, f, *c);
+        }
+        p = madd::<FMA>(p, f, 1.0);
+        let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+        if x[e] < -126.0 {
+            0.0
+        } else {
+            p * scale
+        }
+    })
+}
+
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+#[inline(always)]
+fn madd_lanes<const FMA: bool, const N: usize>(a: [f32; N], b: [f32; N], c: [f32; N]) -> [f32; N] {
+    std::array::from_fn(|e| madd::<FMA>(a[e], b[e], c[e]))
+}
+
+#[inline(always)]
+unsafe fn load<const N: usize>(p: *const f32) -> [f32; N] {
+    std::ptr::read_unaligned(p as *const [f32; N])
+}

@@ -1,0 +1,244 @@
+//! The decode path: a few queries (`Lq ≤` [`MAX_QUERIES`]) against a long key/value cache, where
+//! attention is bounded by reading K and V from memory, not by arithmetic (flash-decoding).
+//!
+//! * **One read of each K/V row per KV head.** A task owns one `(batch, kv-head)` and a split of
+//!   its keys, and serves every query row of the GQA group at once: the `R = (Hq/Hkv)·Lq` rows
+//!   of q-heads `h` with `h / (Hq/Hkv) == kv-head`. Each K and V row is loaded from memory once
+//!   and used by all `R` rows from L1.
+//! * **Keys split across threads.** The keys of a head are cut into [`Plan::splits`] contiguous
+//!   splits, so that even one KV head keeps every thread busy; each split keeps its own running
+//!   max, sum and un-normalized output per row (online softmax over blocks of [`KB`] keys), and
+//!   one merge per output row combines the splits afterwards.
+//! * **No copy of the cache, no `Lq×Lk` scratch.** K and V are read in place through their
+//!   strides (the runtime passes `present_key`/`present_value` itself); scratch is one
+//!   `R×KB` score tile and the `R×(Dv+2)` partial state per task.
+//!
+//! Scores are kept in base-2 units (`scale·log2 e` folded into the packed queries) as in the
+//! flash kernel, so the softmax needs `2^x`. The arithmetic is written once, over fixed-size lane
+//! arrays, in [`block`]; it is compiled for AVX2+FMA (selected at run time) and for the baseline
+//! target (the portable path).
+
+mod block;
+
+use rayon::prelude::*;
+
+use crate::flash::JobMask;
+use crate::view::effective_strides;
+use crate::{AttentionParams, Isa, Mask, Problem, View4, ViewMut4};
+
+use block::Rows;
+
+/// The decode path serves calls with at most this many queries. Past it the flash kernel's
+/// register tiles over queries win (and its traffic is already shared by up to 1024 queries).
+pub(crate) const MAX_QUERIES: usize = 4;
+
+/// Keys per block: the block's K and V rows (16 KB each at D = 128) stay in L1 while every row
+/// of the group uses them.
+pub(crate) const KB: usize = 32;
+
+/// A split is never shorter than this many keys (shorter splits cost more merging than they
+/// gain in balance).
+const MIN_SPLIT: usize = 256;
+
+/// Whether [`run`] serves a validated problem of this shape (see [`crate::Route::Auto`]).
+pub(crate) fn suits(p: &Problem) -> bool {
+    p.q_len <= MAX_QUERIES
+}
+
+/// One validated call, as raw pointers and sizes for the tasks.
+pub(crate) struct Plan {
+    pub q: *const f32,
+    pub qs: [isize; 4],
+    pub k: *const f32,
+    pub ks: [isize; 4],
+    pub v: *const f32,
+    pub vs: [isize; 4],
+    pub out: *mut f32,
+    pub os: [isize; 4],
+    pub mask: JobMask,
+    pub batch: usize,
+    pub kv_heads: usize,
+    pub group: usize,
+    pub q_len: usize,
+    pub d: usize,
+    pub dv: usize,
+    /// `scale·log2 e`
+    pub scale2: f32,
+    /// `softcap·log2 e` (the cap in base-2 units), if soft-capping applies
+    pub softcap2: Option<f32>,
+    pub causal: Option<isize>,
+    /// Keys any row may attend: `live_keys`, cut at the causal frontier of the last query.
+    pub keys: usize,
+    /// Key splits per (batch, kv-head), each of `split_len` keys (the last may be shorter).
+    pub splits: usize,
+    pub split_len: usize,
+}
+
+// SAFETY: the pointers come from validated views borrowed for the whole call (`run` does not
+// return before every task has finished). Tasks only read Q, K, V and the mask, and write their
+// own partial buffers; only the merge, on the calling thread, writes `out`.
+unsafe impl Sync for Plan {}
+unsafe impl Send for Plan {}
+
+impl Plan {
+    /// Query rows served per KV head.
+    pub(crate) fn rows(&self) -> usize {
+        self.group * self.q_len
+    }
+
+    /// q-head and query index of row `r` of kv-head `kvh`.
+    pub(crate) fn row_head_query(&self, kvh: usize, r: usize) -> (usize, usize) {
+        (kvh * self.group + r / self.q_len, r % self.q_len)
+    }
+
+    /// Keys row `i` (query index) may attend: `0..limit`.
+    pub(crate) fn row_limit(&self, i: usize) -> usize {
+        match self.causal {
+            None => self.keys,
+            Some(off) => (i as isize + off + 1).clamp(0, self.keys as isize) as usize,
+        }
+    }
+}
+
+/// Runs a validated problem on the decode path. `isa` must be available.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    isa: Isa,
+    p: &Problem,
+    q: &View4,
+    k: &View4,
+    v: &View4,
+    mask: &Mask,
+    params: &AttentionParams,
+    out: &mut ViewMut4,
+) {
+    if out.num_elements() == 0 {
+        return;
+    }
+    let plan = plan(p, q, k, v, mask, params, out, rayon::current_num_threads());
+    let part_len = plan.rows() * (plan.dv + 2);
+    let tasks = plan.batch * plan.kv_heads * plan.splits;
+    let mut parts = vec![0.0f32; tasks * part_len];
+    let fma = isa != Isa::Scalar;
+    parts.par_chunks_mut(part_len).enumerate().for_each_init(
+        || Rows::new(&plan),
+        |rows, (t, part)| {
+            let (bh, s) = (t / plan.splits, t % plan.splits);
+            let (b, kvh) = (bh / plan.kv_heads, bh % plan.kv_heads);
+            // SAFETY: `fma` only when the caller checked AVX2+FMA (Avx512 implies both).
+            unsafe { block::run_split(fma, &plan, rows, b, kvh, s, part) };
+        },
+    );
+    merge(&plan, &parts);
+}
+
+/// The plan of one call: pointers, base-2 constants, visited keys and the split of the keys.
+#[allow(clippy::too_many_arguments)]
+fn plan(
+    p: &Problem,
+    q: &View4,
+    k: &View4,
+    v: &View4,
+    mask: &Mask,
+    params: &AttentionParams,
+    out: &mut ViewMut4,
+    threads: usize,
+) -> Plan {
+    let log2e = std::f32::consts::LOG2_E;
+    let mut plan = Plan {
+        q: q.data.as_ptr(),
+        qs: effective_strides(&q.dims, &q.strides),
+        k: k.data.as_ptr(),
+        ks: effective_strides(&k.dims, &k.strides),
+        v: v.data.as_ptr(),
+        vs: effective_strides(&v.dims, &v.strides),
+        out: out.data.as_mut_ptr(),
+        os: effective_strides(&out.dims, &out.strides),
+        mask: match mask {
+            Mask::None => JobMask::None,
+            Mask::Additive(m) => {
+                JobMask::Additive(m.data.as_ptr(), effective_strides(&m.dims, &m.strides))
+            }
+            Mask::Boolean(m) => {
+                JobMask::Boolean(m.data.as_ptr(), effective_strides(&m.dims, &m.strides))
+            }
+        },
+        batch: p.batch,
+        kv_heads: p.kv_heads,
+        group: p.group(),
+        q_len: p.q_len,
+        d: p.head_dim,
+        dv: p.v_head_dim,
+        scale2: params.scale * log2e,
+        softcap2: params.effective_softcap().map(|c| c * log2e),
+        causal: params.causal,
+        keys: p.live_keys,
+        splits: 1,
+        split_len: 0,
+    };
+    plan.keys = plan.row_limit(p.q_len.saturating_sub(1)).min(p.live_keys);
+    plan.splits = choose_splits(p.batch * p.kv_heads, plan.keys, threads);
+    plan.split_len = plan.keys.div_ceil(plan.splits).div_ceil(KB) * KB;
+    plan
+}
+
+/// Splits per (batch, kv-head): enough tasks for four per thread (rayon balances them), but no
+/// split shorter than [`MIN_SPLIT`] keys.
+pub(crate) fn choose_splits(heads: usize, keys: usize, threads: usize) -> usize {
+    let want = (4 * threads.max(1)).div_ceil(heads.max(1));
+    want.min(keys.div_ceil(MIN_SPLIT)).max(1)
+}
+
+/// Combines the splits of every output row: with `M = max mₛ` and `wₛ = 2^(mₛ−M)`,
+/// `Y = Σ wₛ·oₛ / Σ wₛ·lₛ`. A row no split could attend (`M = −inf`) is zeros.
+fn merge(plan: &Plan, parts: &[f32]) {
+    let (rows, dv) = (plan.rows(), plan.dv);
+    let part_len = rows * (dv + 2);
+    let mut acc = vec![0.0f32; dv];
+    for b in 0..plan.batch {
+        for kvh in 0..plan.kv_heads {
+            let first = (b * plan.kv_heads + kvh) * plan.splits;
+            let splits = &parts[first * part_len..(first + plan.splits) * part_len];
+            for r in 0..rows {
+                merge_row(splits, part_len, r, dv, &mut acc);
+                let (h, i) = plan.row_head_query(kvh, r);
+                let base =
+                    b as isize * plan.os[0] + h as isize * plan.os[1] + i as isize * plan.os[2];
+                for (c, y) in acc.iter().enumerate() {
+                    // SAFETY: (b, h, i, c) is inside the validated output view.
+                    unsafe { *plan.out.offset(base + c as isize * plan.os[3]) = *y };
+                }
+            }
+        }
+    }
+}
+
+/// Row `r` of one (batch, kv-head) merged over its splits into `acc`. A split's part holds
+/// `m[rows]`, `l[rows]`, then `o[rows][dv]`.
+fn merge_row(splits: &[f32], part_len: usize, r: usize, dv: usize, acc: &mut [f32]) {
+    let rows = part_len / (dv + 2);
+    let m_max = splits
+        .chunks(part_len)
+        .map(|part| part[r])
+        .fold(f32::NEG_INFINITY, f32::max);
+    acc.fill(0.0);
+    if m_max == f32::NEG_INFINITY {
+        return;
+    }
+    let mut sum = 0.0f32;
+    for part in splits.chunks(part_len) {
+        let w = (part[r] - m_max).exp2();
+        if w == 0.0 {
+            continue;
+        }
+        sum += w * part[rows + r];
+        let o = &part[2 * rows + r * dv..2 * rows + (r + 1) * dv];
+        for (a, x) in acc.iter_mut().zip(o) {
+            *a += w * x;
+        }
+    }
+    let inv = 1.0 / sum;
+    for a in acc.iter_mut() {
+        *a *= inv;
+    }
+}
