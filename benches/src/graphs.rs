@@ -162,6 +162,72 @@ pub fn attention_op_model(shape: AttentionShape, layout: CoreLayout) -> Result<M
     Ok(g.finish(23))
 }
 
+/// Shape of one decode step of attention with a key/value cache, `B = 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeShape {
+    /// Query heads.
+    pub q_heads: usize,
+    /// Key/value heads (`q_heads` a multiple of it: grouped-query attention).
+    pub kv_heads: usize,
+    /// Size of one head.
+    pub head_dim: usize,
+}
+
+/// The symbolic past length of [`attention_decode_model`].
+pub const PAST: &str = "past";
+
+/// One decode step as a single ONNX `Attention` node (opset 23, 4-D layout): inputs `q`
+/// `[1, Hq, 1, D]`, `k`/`v` `[1, Hkv, 1, D]`, `past_key`/`past_value` `[1, Hkv, past, D]`;
+/// outputs `y`, `present_key`, `present_value` (`past + 1` keys). No mask, default scale.
+pub fn attention_decode_model(shape: DecodeShape) -> Result<ModelProto> {
+    let DecodeShape {
+        q_heads,
+        kv_heads,
+        head_dim,
+    } = shape;
+    ensure!(
+        kv_heads > 0 && head_dim > 0 && q_heads % kv_heads == 0,
+        "decode shape {shape:?} needs kv heads and head size > 0 and q heads a multiple of kv heads"
+    );
+    let mut g = GraphBuilder::new("attention_decode", 1);
+    let (hq, hkv, d) = (q_heads as i64, kv_heads as i64, head_dim as i64);
+    let one = Dim::Fixed(1);
+    g.input(
+        "q",
+        DataType::Float,
+        &[one, Dim::Fixed(hq), one, Dim::Fixed(d)],
+    );
+    for name in ["k", "v"] {
+        g.input(
+            name,
+            DataType::Float,
+            &[one, Dim::Fixed(hkv), one, Dim::Fixed(d)],
+        );
+    }
+    let past = [one, Dim::Fixed(hkv), Dim::Sym(PAST), Dim::Fixed(d)];
+    for name in ["past_key", "past_value"] {
+        g.input(name, DataType::Float, &past);
+    }
+    let outputs = ["y", "present_key", "present_value"];
+    g.graph.node(node_with_attrs(
+        "Attention_0",
+        "Attention",
+        &["q", "k", "v", "", "past_key", "past_value"],
+        &outputs,
+        vec![],
+    ));
+    g.output(
+        "y",
+        DataType::Float,
+        &[one, Dim::Fixed(hq), one, Dim::Fixed(d)],
+    );
+    let present = [one, Dim::Fixed(hkv), Dim::Sym("total"), Dim::Fixed(d)];
+    for name in &outputs[1..] {
+        g.output(name, DataType::Float, &present);
+    }
+    Ok(g.finish(23))
+}
+
 /// The same attention decomposed as PyTorch exports it: `MatMul(Q, Kᵀ) → Mul(1/√D) → Softmax →
 /// MatMul(·, V)`; in the 3-D layout with the `Reshape → Transpose` head split before and the
 /// `Transpose → Reshape` head merge after. Opset 17 (what the TorchScript exporter writes).

@@ -24,6 +24,8 @@
 //! A problem with no keys at all (`Lk == 0`, or a causal offset that excludes every key) is the
 //! same case: zero rows.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 mod decode;
 mod error;
 mod flash;
@@ -121,8 +123,11 @@ pub fn attention_with_isa(
     params: &AttentionParams,
     out: &mut ViewMut4,
 ) -> Result<(), KernelError> {
-    attention_routed(isa, Route::Auto, q, k, v, mask, params, out)
+    attention_routed(isa, Route::current(), q, k, v, mask, params, out)
 }
+
+/// The process-wide route of [`attention`] and [`attention_with_isa`], see [`Route::set_current`].
+static CURRENT_ROUTE: AtomicU8 = AtomicU8::new(0);
 
 /// Which algorithm serves a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -138,6 +143,27 @@ pub enum Route {
 }
 
 impl Route {
+    /// Makes [`attention`] and [`attention_with_isa`] (and so the runtime's `Attention` op) take
+    /// `route` for every call in this process; [`Route::Auto`] restores the default. For
+    /// benchmarks that time the paths through the whole runtime in one process.
+    pub fn set_current(route: Route) {
+        let code = match route {
+            Route::Auto => 0,
+            Route::Flash => 1,
+            Route::Decode => 2,
+        };
+        CURRENT_ROUTE.store(code, Ordering::Relaxed);
+    }
+
+    /// The route set by [`Route::set_current`] ([`Route::Auto`] unless changed).
+    pub fn current() -> Route {
+        match CURRENT_ROUTE.load(Ordering::Relaxed) {
+            1 => Route::Flash,
+            2 => Route::Decode,
+            _ => Route::Auto,
+        }
+    }
+
     /// The name used in reports and benchmark labels.
     pub fn name(self) -> &'static str {
         match self {
