@@ -1,7 +1,10 @@
 //! Fused multi-head attention for CPUs: a flash-style kernel (online softmax, no `Lq×Lk` buffer,
 //! run-time selected AVX-512 / AVX2+FMA / scalar micro-kernels, rayon tasks per
-//! `(batch, q-head, block of up to 256 queries)`) and a naive [`reference`](mod@reference) used by the tests.
-//! How the kernel is laid out, and why, is described in `src/flash/mod.rs`.
+//! `(batch, q-head, block of up to 256 queries)`), a decode path for a few queries against a
+//! long key/value cache (flash-decoding: keys split across threads, each K/V row read once for
+//! the whole GQA group, one merge), chosen per call by [`Route`], and a naive
+//! [`reference`](mod@reference) used by the tests. How each is laid out, and why, is described in
+//! `src/flash/mod.rs` and `src/decode/mod.rs`.
 //!
 //! The semantics are those of the ONNX `Attention` operator (opset 23, with the post-release
 //! errata), restricted to what a kernel needs; the caller (the runtime) handles the ONNX-level
@@ -93,14 +96,16 @@ impl AttentionParams {
 }
 
 /// Fused attention on the ISA chosen by [`Isa::selected`] (the best the CPU has, unless
-/// `ATTNRT_KERNEL_ISA=avx512|avx2|scalar` forces one).
+/// `ATTNRT_KERNEL_ISA=avx512|avx2|scalar` forces one), on the route of [`Route::current`]
+/// (by default the decode path for `Lq ≤ 4`, else the flash kernel).
 ///
 /// Shapes: Q `[B, Hq, Lq, D]`, K `[B, Hkv, Lk, D]`, V `[B, Hkv, Lk, Dv]`, out `[B, Hq, Lq, Dv]`,
 /// `Hq % Hkv == 0` (GQA: q-head `h` uses kv-head `h / (Hq/Hkv)`). Runs on the current rayon pool
 /// (wrap the call in `pool.install(..)` to choose the threads). Scratch memory is one buffer
 /// per pool thread of [`scratch_bytes`] (≤ 0.6 MB at D = 64–128), independent of the sequence
 /// lengths: no `Lq×Lk` score matrix is ever formed. Each thread keeps its buffer for the next
-/// call with the same head sizes.
+/// call with the same head sizes. The decode path allocates per call its partial results,
+/// `splits·B·Hq·Lq·(Dv + 2)` floats, and per task a `Hq/Hkv·Lq × (D + Dv + 32)` scratch.
 pub fn attention(
     q: &View4,
     k: &View4,
