@@ -12,11 +12,11 @@
 
 use std::collections::BTreeMap;
 
+use attnrt::harness::{diff_outputs, prepare_inputs, read_npz_tensors, InputOptions, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, Limits, ModelProto};
 use attnrt_runtime::{
-    declared_inputs, diff_outputs, prepare_inputs, read_npz_tensors, run_once, Backend,
-    DeclaredDim, InputOptions, NamedTensor, Session, SessionOptions, Threads, Tolerance,
+    declared_inputs, run_once, Backend, DeclaredDim, NamedTensor, Session, SessionOptions, Threads,
 };
 use attnrt_tests::{manifest, models_dir};
 

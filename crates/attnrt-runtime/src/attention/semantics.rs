@@ -7,8 +7,6 @@ use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
-use super::typed::{AttentionKernelOp, OP_NAME};
-
 /// ONNX input slots of `Attention` (opset 23/24).
 pub(super) const SLOT_MASK: usize = 3;
 pub(super) const SLOT_PAST_KEY: usize = 4;
@@ -355,62 +353,4 @@ pub(super) fn check_float(dt: DatumType, what: &str) -> TractResult<()> {
         bail!("{what} has element type {dt:?}; attnrt's Attention supports float32 and float16");
     }
     Ok(())
-}
-
-impl Expansion for AttentionOp {
-    fn name(&self) -> StaticName {
-        OP_NAME.into()
-    }
-
-    fn info(&self) -> TractResult<Vec<String>> {
-        Ok(vec![format!(
-            "node {}: causal={} scale={:?} softcap={} qk_mode={}",
-            self.node, self.is_causal, self.scale, self.softcap, self.qk_mode
-        )])
-    }
-
-    fn nboutputs(&self) -> TractResult<usize> {
-        Ok(self.output_count())
-    }
-
-    fn rules<'r, 'p: 'r, 's: 'r>(
-        &'s self,
-        s: &mut Solver<'r>,
-        inputs: &'p [TensorProxy],
-        outputs: &'p [TensorProxy],
-    ) -> InferenceResult {
-        check_input_arity(inputs, self.input_count())?;
-        check_output_arity(outputs, self.output_count())?;
-        for o in outputs {
-            s.equals(&inputs[0].datum_type, &o.datum_type)?;
-        }
-        s.equals(&inputs[0].datum_type, &inputs[1].datum_type)?;
-        s.equals(&inputs[0].datum_type, &inputs[2].datum_type)?;
-        s.equals(&inputs[0].rank, &outputs[0].rank)?;
-        for o in &outputs[1..] {
-            s.equals(&o.rank, 4)?;
-        }
-        s.given_all(
-            inputs.iter().map(|i| &i.shape),
-            move |s, shapes: Vec<TVec<TDim>>| {
-                let refs: Vec<&[TDim]> = shapes.iter().map(|s| s.as_slice()).collect();
-                let outs = self
-                    .output_shapes(&refs)
-                    .with_context(|| format!("Attention node '{}'", self.node))?;
-                for (o, shape) in outputs.iter().zip(outs) {
-                    s.equals(&o.shape, ShapeFactoid::from(shape))?;
-                }
-                Ok(())
-            },
-        )
-    }
-
-    fn wire(
-        &self,
-        prefix: &str,
-        model: &mut TypedModel,
-        inputs: &[OutletId],
-    ) -> TractResult<TVec<OutletId>> {
-        model.wire_node(prefix, AttentionKernelOp(self.clone()), inputs)
-    }
 }
