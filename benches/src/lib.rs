@@ -18,9 +18,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
+use attnrt::harness::{diff_tensor, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::ModelProto;
-use attnrt_runtime::{diff_tensor, Backend, NamedTensor, Session, Tensor, Threads, Tolerance};
+use attnrt_runtime::{Backend, NamedTensor, Session, Tensor, Threads};
 
 pub use graphs::{AttentionShape, CoreLayout, EncoderShape};
 
@@ -171,7 +172,7 @@ pub fn median(samples: &[f64]) -> f64 {
     }
 }
 
-pub use attnrt_runtime::quartiles;
+pub use attnrt::harness::quartiles;
 
 /// Per-iteration times of each benchmark case, kept alongside criterion's own analysis so the
 /// benches can print one table with medians, GFLOP/s and ratios at the end of the run.

@@ -46,13 +46,13 @@ fn refusal(case: &HostileCase) -> Option<(Stage, String)> {
     }
     let (npy, npz) = hostile::input_files(case);
     if !npy.is_empty() || npz.is_some() {
-        let options = attnrt_runtime::InputOptions {
+        let options = attnrt::harness::InputOptions {
             npy,
             npz,
             max_elements: case.limits.max_tensor_elements,
             ..Default::default()
         };
-        if let Err(e) = attnrt_runtime::prepare_inputs(&loaded.model, &options) {
+        if let Err(e) = attnrt::harness::prepare_inputs(&loaded.model, &options) {
             return Some((Stage::Inputs, format!("{e:#}")));
         }
     }

@@ -15,11 +15,10 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
+use attnrt::harness::{compare, read_npz_tensors, CompareOptions, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, save_model, Limits, SaveOptions};
-use attnrt_runtime::{
-    diff_outputs, read_npz_tensors, run_once, Backend, NamedTensor, Threads, Tolerance,
-};
+use attnrt_runtime::{NamedTensor, Threads};
 use attnrt_tests::{expected_fused, manifest, models_dir, python, repo_root};
 
 const FUSED_VS_UNFUSED: Tolerance = Tolerance {
@@ -41,11 +40,11 @@ struct Row {
     unfused_vs_torch: f64,
 }
 
-fn max_abs(d: &[attnrt_runtime::OutputDiff]) -> f64 {
+fn max_abs(d: &[attnrt::harness::OutputDiff]) -> f64 {
     d.iter().map(|d| d.max_abs).fold(0.0, f64::max)
 }
 
-fn check_all(failures: &mut Vec<String>, what: &str, diffs: &[attnrt_runtime::OutputDiff]) {
+fn check_all(failures: &mut Vec<String>, what: &str, diffs: &[attnrt::harness::OutputDiff]) {
     for d in diffs.iter().filter(|d| !d.ok) {
         failures.push(format!(
             "{what}: output '{}': max_abs {:.3e} max_rel {:.3e} mismatches {} {}",
@@ -90,24 +89,26 @@ fn fused_matches_unfused_and_pytorch_on_every_shipped_model() {
             let what = format!("{} [{}]", m.file, case.name);
             let inputs = load_npz(&case.inputs_npz);
             let torch = load_npz(&case.outputs_npz);
-            let unfused = match run_once(&model, &inputs, &threads, &m.file, Backend::default()) {
-                Ok(r) => r.outputs,
+            let options = CompareOptions {
+                tolerance: FUSED_VS_UNFUSED.into(),
+                expect_tolerance: Some(VS_PYTORCH.into()),
+                ..CompareOptions::default()
+            };
+            let cmp = match compare(&model, &what, &inputs, Some(&torch), &threads, &options) {
+                Ok(c) => c,
                 Err(e) => {
-                    failures.push(format!("{what}: unfused run failed: {e:#}"));
+                    failures.push(format!("{what}: {e:#}"));
                     continue;
                 }
             };
-            let fused_out =
-                match run_once(&fused.model, &inputs, &threads, &m.file, Backend::default()) {
-                    Ok(r) => r.outputs,
-                    Err(e) => {
-                        failures.push(format!("{what}: fused run failed: {e:#}"));
-                        continue;
-                    }
-                };
-            let d_fu = diff_outputs(&fused_out, &unfused, FUSED_VS_UNFUSED);
-            let d_ft = diff_outputs(&fused_out, &torch, VS_PYTORCH);
-            let d_ut = diff_outputs(&unfused, &torch, VS_PYTORCH);
+            if cmp.fused.is_none() && want > 0 {
+                failures.push(format!("{what}: the fused path did not run"));
+                continue;
+            }
+            let expect = cmp.expect.clone().unwrap_or_default();
+            let d_fu = cmp.diffs.clone().unwrap_or_default();
+            let d_ft = expect.get("fused").cloned().unwrap_or_default();
+            let d_ut = expect.get("unfused").cloned().unwrap_or_default();
             check_all(&mut failures, &format!("{what} fused vs unfused"), &d_fu);
             check_all(&mut failures, &format!("{what} fused vs PyTorch"), &d_ft);
             check_all(&mut failures, &format!("{what} unfused vs PyTorch"), &d_ut);

@@ -1,6 +1,7 @@
 //! Sessions that outlive a shape: one [`Session`] per shipped model (original and fused) serves
-//! the saved inputs and inputs of another batch and sequence length, and gives what a session
-//! planned for exactly those shapes gives.
+//! every saved case (a decoder's prefill and decode steps) or the saved inputs and inputs of
+//! another batch and sequence length, and gives what a session planned for exactly those shapes
+//! gives.
 //!
 //! Where tract can plan a model with its symbolic dimensions kept symbolic, both shapes must be
 //! served by that one plan; the models where it cannot are listed in [`PER_SHAPE`] with tract's
@@ -11,11 +12,11 @@
 
 use std::collections::BTreeMap;
 
+use attnrt::harness::{diff_outputs, prepare_inputs, read_npz_tensors, InputOptions, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, Limits, ModelProto};
 use attnrt_runtime::{
-    declared_inputs, diff_outputs, prepare_inputs, read_npz_tensors, run_once, Backend,
-    DeclaredDim, InputOptions, NamedTensor, Session, SessionOptions, Threads, Tolerance,
+    declared_inputs, run_once, Backend, DeclaredDim, NamedTensor, Session, SessionOptions, Threads,
 };
 use attnrt_tests::{manifest, models_dir};
 
@@ -117,9 +118,14 @@ fn one_session_serves_every_shape_of_every_shipped_model() {
     for m in manifest().unwrap() {
         let path = models_dir().join(&m.file);
         let loaded = load_model(&path, &Limits::default()).unwrap();
-        let saved = read_npz_tensors(&models_dir().join(&m.inputs_npz), 1 << 28).unwrap();
-        let mut cases = vec![saved];
-        if m.dynamic_shapes_work() {
+        // Every saved case (a decoder's prefill and decode steps), and for single-case models
+        // whose export serves other sizes, seeded inputs of another batch and length.
+        let mut cases: Vec<Vec<NamedTensor>> = m
+            .cases()
+            .iter()
+            .map(|c| read_npz_tensors(&models_dir().join(&c.inputs_npz), 1 << 28).unwrap())
+            .collect();
+        if cases.len() == 1 && m.dynamic_shapes_work() {
             let options = InputOptions {
                 dims: other_dims(&loaded.model),
                 max_elements: 1 << 28,

@@ -6,8 +6,9 @@
 //! Tolerance: |fused − unfused| ≤ 2e-5 + 1e-4·|unfused|, as for the shipped models
 //! (`tests/models.rs`): the kernel reassociates the softmax sums and the dot products.
 
+use attnrt::harness::{diff_outputs, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
-use attnrt_runtime::{diff_outputs, run_once, Backend, NamedTensor, Tensor, Threads, Tolerance};
+use attnrt_runtime::{run_once, Backend, NamedTensor, Tensor, Threads};
 use attnrt_testkit::blocks::{skip_block, Skip, SkipAt, D_MODEL};
 use attnrt_testkit::seeded_values;
 

@@ -3,8 +3,9 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use attnrt::harness::time_paired;
 use attnrt_fusion::FusionOptions;
-use attnrt_runtime::{time_paired, Session};
+use attnrt_runtime::Session;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use attnrt::harness::{InputOptions, PreparedInputs};
 use attnrt_onnx::{Limits, LoadedModel};
-use attnrt_runtime::{InputOptions, PreparedInputs};
 use clap::Args;
 
 /// Limits on what a model may make attnrt do (issue: hostile models).
@@ -99,7 +99,7 @@ impl InputArgs {
             vocab: self.vocab,
             max_elements: limits.max_tensor_elements,
         };
-        attnrt_runtime::prepare_inputs(&loaded.model, &options)
+        attnrt::harness::prepare_inputs(&loaded.model, &options)
             .with_context(|| format!("preparing the inputs of {}", loaded.path.display()))
     }
 }

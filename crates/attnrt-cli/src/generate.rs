@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use attnrt::generate::{GenerationOptions, GenerationReport, Generator, StepReport};
+use attnrt::harness::Tolerance;
 use attnrt_fusion::FusionOptions;
-use attnrt_runtime::Tolerance;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};

@@ -3,12 +3,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
-use attnrt_fusion::{FusionOptions, FusionReport};
-use attnrt_runtime::{
-    diff_outputs, dtype_name, read_npz_tensors, run_once, summarize, write_npz, OutputDiff,
-    RunResult, Tolerance,
+use anyhow::{bail, Result};
+use attnrt::harness::{
+    compare, read_npz_tensors, summarize, write_npz, CompareOptions, Comparison, OutputDiff,
+    PathRun, PreparedInputs, Tolerance, ToleranceChoice,
 };
+use attnrt_runtime::{dtype_name, Threads};
 use clap::Args;
 use serde_json::json;
 
@@ -38,12 +38,14 @@ pub struct RunArgs {
     /// Run the fused model only (no unfused reference, no diff).
     #[arg(long)]
     pub no_diff: bool,
-    /// Absolute tolerance of the diffs.
-    #[arg(long, value_name = "A", default_value_t = Tolerance::default().atol)]
-    pub atol: f64,
-    /// Relative tolerance of the diffs: |a − b| ≤ atol + rtol·|b| elementwise.
-    #[arg(long, value_name = "R", default_value_t = Tolerance::default().rtol)]
-    pub rtol: f64,
+    /// Absolute tolerance of the diffs (default: by output dtype, float32 1e-4, float16 2e-3,
+    /// bfloat16 1.6e-2, float64 1e-6, integers exact).
+    #[arg(long, value_name = "A")]
+    pub atol: Option<f64>,
+    /// Relative tolerance of the diffs: |a − b| ≤ atol + rtol·|b| elementwise (default: by
+    /// output dtype, as --atol).
+    #[arg(long, value_name = "R")]
+    pub rtol: Option<f64>,
     /// Fuse only blocks whose fused form is exact on every input (no caveats).
     #[arg(long)]
     pub strict: bool,
@@ -63,13 +65,7 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
 
 /// Runs the command; the exit code is 3 when a diff exceeds the tolerance.
 pub fn run(args: RunArgs) -> Result<ExitCode> {
-    let tol = Tolerance {
-        atol: args.atol,
-        rtol: args.rtol,
-    };
-    if !(tol.atol >= 0.0 && tol.rtol >= 0.0) {
-        bail!("--atol and --rtol must be non-negative numbers");
-    }
+    let tolerance = ToleranceChoice::from_flags(args.atol, args.rtol)?;
     if let Some(out) = &args.output {
         if same_file(out, &args.model) {
             bail!(
@@ -87,172 +83,143 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         None => None,
     };
     let threads = threads(args.threads)?;
-
-    let fused = if args.no_fuse {
-        None
-    } else {
-        Some(
-            attnrt_fusion::fuse(
-                &loaded.model,
-                &FusionOptions {
-                    strict: args.strict,
-                },
-            )
-            .with_context(|| format!("{model_name}: fusion failed"))?,
-        )
+    let options = CompareOptions {
+        no_fuse: args.no_fuse,
+        no_diff: args.no_diff,
+        strict: args.strict,
+        tolerance,
+        expect_tolerance: None,
+        backend: args.matmul.backend(),
     };
-    let blocks = fused.as_ref().map_or(0, |f| f.report.blocks.len());
-    let fused_run: Option<RunResult> = match &fused {
-        Some(f) if blocks > 0 => Some(run_once(
-            &f.model,
-            &prepared.tensors,
-            &threads,
-            &format!("fused {model_name}"),
-            args.matmul.backend(),
-        )?),
-        _ => None,
-    };
-    let unfused_run: Option<RunResult> = if fused_run.is_none() || !args.no_diff {
-        Some(run_once(
-            &loaded.model,
-            &prepared.tensors,
-            &threads,
-            &model_name,
-            args.matmul.backend(),
-        )?)
-    } else {
-        None
-    };
-    let primary = fused_run
-        .as_ref()
-        .or(unfused_run.as_ref())
-        .expect("one path ran");
-    let diffs: Option<Vec<OutputDiff>> = match (&fused_run, &unfused_run) {
-        (Some(f), Some(u)) => Some(diff_outputs(&f.outputs, &u.outputs, tol)),
-        _ => None,
-    };
-    let expect_diffs: Vec<(&str, Vec<OutputDiff>)> = match &expected {
-        Some(exp) => {
-            let mut v = Vec::new();
-            if let Some(f) = &fused_run {
-                v.push(("fused", diff_outputs(&f.outputs, exp, tol)));
-            }
-            if let Some(u) = &unfused_run {
-                v.push(("unfused", diff_outputs(&u.outputs, exp, tol)));
-            }
-            v
-        }
-        None => vec![],
-    };
+    let cmp = compare(
+        &loaded.model,
+        &model_name,
+        &prepared.tensors,
+        expected.as_deref(),
+        &threads,
+        &options,
+    )?;
     let mut write_notes = Vec::new();
     if let Some(out) = &args.output {
-        write_notes = write_npz(out, &primary.outputs)?;
+        write_notes = write_npz(out, &cmp.primary().outputs)?;
     }
-
-    let diff_ok = diffs.as_ref().is_none_or(|d| d.iter().all(|x| x.ok));
-    let expect_ok = expect_diffs.iter().all(|(_, d)| d.iter().all(|x| x.ok));
-    let ok = diff_ok && expect_ok;
-
-    let fusion_note = match &fused {
-        None => "not attempted (--no-fuse)".to_string(),
-        Some(_) if blocks == 0 => {
-            "found no attention block to fuse; ran the original graph".to_string()
-        }
-        Some(_) => format!("{blocks} attention block(s) fused"),
-    };
     if args.json {
-        let outputs: Vec<_> = primary
-            .outputs
-            .iter()
-            .map(|o| {
-                let d = diffs
-                    .as_ref()
-                    .and_then(|ds| ds.iter().find(|d| d.name == o.name));
-                json!({
-                    "name": o.name,
-                    "shape": o.tensor.shape(),
-                    "dtype": dtype_name(o.tensor.datum_type()),
-                    "summary": summarize(&o.tensor),
-                    "diff_vs_unfused": d,
-                })
-            })
-            .collect();
-        let expect: serde_json::Map<String, serde_json::Value> = expect_diffs
-            .iter()
-            .map(|(k, d)| (k.to_string(), json!(d)))
-            .collect();
-        let v = json!({
-            "model": model_name,
-            "threads": threads.count(),
-            "dims": prepared.dims,
-            "inputs": prepared.sources.iter().zip(&prepared.tensors).map(|((n, how), t)| json!({
-                "name": n, "shape": t.tensor.shape(), "dtype": dtype_name(t.tensor.datum_type()), "source": how,
-            })).collect::<Vec<_>>(),
-            "fusion": fused.as_ref().map(|f| &f.report),
-            "fusion_note": fusion_note,
-            "ran": {"fused": fused_run.is_some(), "unfused": unfused_run.is_some()},
-            "ops": {
-                "fused": fused_run.as_ref().map(|r| crate::common::ops_json(&r.ops)),
-                "unfused": unfused_run.as_ref().map(|r| crate::common::ops_json(&r.ops)),
-                "kernel_isa": attnrt_runtime::kernel_isa(),
-            },
-            "time_ms": {
-                "fused": fused_run.as_ref().map(|r| r.run_ms),
-                "unfused": unfused_run.as_ref().map(|r| r.run_ms),
-                "fused_build": fused_run.as_ref().map(|r| r.build_ms),
-                "unfused_build": unfused_run.as_ref().map(|r| r.build_ms),
-            },
-            "tolerance": tol,
-            "outputs": outputs,
-            "expect": if expected.is_some() { json!(expect) } else { json!(null) },
-            "output_file": args.output.as_ref().map(|p| p.display().to_string()),
-            "notes": write_notes,
-            "ok": ok,
-        });
+        let v = json_report(&args, &cmp, &prepared, &threads, &write_notes);
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print_text(
-            &args,
-            &model_name,
-            &prepared,
-            fused.as_ref().map(|f| &f.report),
-            &fusion_note,
-            &threads,
-            fused_run.as_ref(),
-            unfused_run.as_ref(),
-            primary,
-            diffs.as_deref(),
-            &expect_diffs,
-            tol,
-            &write_notes,
-        );
+        print_text(&args, &cmp, &prepared, &threads, &write_notes);
     }
-    if ok {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        let mut bad: Vec<String> = Vec::new();
-        if let Some(d) = &diffs {
-            bad.extend(
-                d.iter()
-                    .filter(|x| !x.ok)
-                    .map(|x| format!("'{}' fused vs unfused", x.name)),
-            );
-        }
-        for (path, d) in &expect_diffs {
-            bad.extend(
-                d.iter()
-                    .filter(|x| !x.ok)
-                    .map(|x| format!("'{}' {path} vs --expect", x.name)),
-            );
-        }
-        eprintln!(
-            "error: outputs differ beyond atol={} rtol={}: {}",
-            tol.atol,
-            tol.rtol,
-            bad.join(", ")
-        );
-        Ok(ExitCode::from(crate::EXIT_DIFF))
+    let bad = cmp.failures();
+    if bad.is_empty() {
+        return Ok(ExitCode::SUCCESS);
     }
+    eprintln!(
+        "error: outputs differ beyond {}: {}",
+        tolerance_phrase(&cmp),
+        bad.join(", ").replace(" vs expected", " vs --expect")
+    );
+    Ok(ExitCode::from(crate::EXIT_DIFF))
+}
+
+/// The tolerances the diffs used, e.g. `atol=0.0001 rtol=0.0001` or, for per-dtype defaults,
+/// `the float16 defaults (atol=0.002 rtol=0.002)`.
+fn tolerance_phrase(cmp: &Comparison) -> String {
+    let show = |t: Tolerance| format!("atol={} rtol={}", t.atol, t.rtol);
+    match cmp.tolerance {
+        ToleranceChoice::Fixed(t) => show(t),
+        ToleranceChoice::ByDtype => {
+            let mut seen: Vec<(String, Tolerance)> = Vec::new();
+            for d in all_diffs(cmp) {
+                if !seen.iter().any(|(n, _)| *n == d.reference_dtype) {
+                    seen.push((d.reference_dtype.clone(), d.tolerance));
+                }
+            }
+            let parts: Vec<String> = seen
+                .iter()
+                .map(|(n, t)| format!("{n} {}", show(*t)))
+                .collect();
+            format!("the defaults for {}", parts.join("; "))
+        }
+    }
+}
+
+fn all_diffs(cmp: &Comparison) -> impl Iterator<Item = &OutputDiff> {
+    cmp.diffs
+        .iter()
+        .flatten()
+        .chain(cmp.expect.iter().flat_map(|m| m.values().flatten()))
+}
+
+/// The tolerance shown as `"tolerance"` in `--json` (an `{atol, rtol}` object, as before
+/// per-dtype defaults existed): the fixed one, or that of the first compared output.
+fn headline_tolerance(cmp: &Comparison) -> Tolerance {
+    match cmp.tolerance {
+        ToleranceChoice::Fixed(t) => t,
+        ToleranceChoice::ByDtype => all_diffs(cmp)
+            .next()
+            .map_or(Tolerance::default(), |d| d.tolerance),
+    }
+}
+
+fn json_report(
+    args: &RunArgs,
+    cmp: &Comparison,
+    prepared: &PreparedInputs,
+    threads: &Threads,
+    write_notes: &[String],
+) -> serde_json::Value {
+    let outputs: Vec<_> = cmp
+        .primary()
+        .outputs
+        .iter()
+        .map(|o| {
+            let d = cmp
+                .diffs
+                .as_ref()
+                .and_then(|ds| ds.iter().find(|d| d.name == o.name));
+            json!({
+                "name": o.name,
+                "shape": o.tensor.shape(),
+                "dtype": dtype_name(o.tensor.datum_type()),
+                "summary": summarize(&o.tensor),
+                "diff_vs_unfused": d,
+            })
+        })
+        .collect();
+    let run_ms = |r: &Option<PathRun>| r.as_ref().map(|r| r.run_ms);
+    let build_ms = |r: &Option<PathRun>| r.as_ref().map(|r| r.build_ms);
+    json!({
+        "model": cmp.model,
+        "threads": threads.count(),
+        "dims": prepared.dims,
+        "inputs": prepared.sources.iter().zip(&prepared.tensors).map(|((n, how), t)| json!({
+            "name": n, "shape": t.tensor.shape(), "dtype": dtype_name(t.tensor.datum_type()), "source": how,
+        })).collect::<Vec<_>>(),
+        "fusion": cmp.fusion,
+        "fusion_note": cmp.fusion_note(),
+        "ran": {"fused": cmp.fused.is_some(), "unfused": cmp.unfused.is_some()},
+        "ops": {
+            "fused": cmp.fused.as_ref().map(|r| crate::common::ops_json(&r.ops)),
+            "unfused": cmp.unfused.as_ref().map(|r| crate::common::ops_json(&r.ops)),
+            "kernel_isa": attnrt_runtime::kernel_isa(),
+        },
+        "time_ms": {
+            "fused": run_ms(&cmp.fused),
+            "unfused": run_ms(&cmp.unfused),
+            "fused_build": build_ms(&cmp.fused),
+            "unfused_build": build_ms(&cmp.unfused),
+        },
+        "tolerance": headline_tolerance(cmp),
+        "tolerance_source": match cmp.tolerance {
+            ToleranceChoice::Fixed(_) => "flags",
+            ToleranceChoice::ByDtype => "dtype defaults",
+        },
+        "outputs": outputs,
+        "expect": cmp.expect,
+        "output_file": args.output.as_ref().map(|p| p.display().to_string()),
+        "notes": write_notes,
+        "ok": cmp.ok(),
+    })
 }
 
 fn fmt_err(d: &OutputDiff) -> String {
@@ -276,23 +243,14 @@ fn fmt_err(d: &OutputDiff) -> String {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn print_text(
     args: &RunArgs,
-    model_name: &str,
-    prepared: &attnrt_runtime::PreparedInputs,
-    report: Option<&FusionReport>,
-    fusion_note: &str,
-    threads: &attnrt_runtime::Threads,
-    fused_run: Option<&RunResult>,
-    unfused_run: Option<&RunResult>,
-    primary: &RunResult,
-    diffs: Option<&[OutputDiff]>,
-    expect_diffs: &[(&str, Vec<OutputDiff>)],
-    tol: Tolerance,
+    cmp: &Comparison,
+    prepared: &PreparedInputs,
+    threads: &Threads,
     write_notes: &[String],
 ) {
-    println!("model: {model_name}");
+    println!("model: {}", cmp.model);
     println!("dims: {}", dims_line(prepared));
     for ((name, how), t) in prepared.sources.iter().zip(&prepared.tensors) {
         println!(
@@ -301,39 +259,59 @@ fn print_text(
             t.tensor.shape()
         );
     }
-    println!("fusion: {fusion_note}");
-    if let Some(r) = report {
-        if !r.blocks.is_empty() {
-            for l in r.summary_lines() {
-                println!("  {l}");
-            }
+    println!("fusion: {}", cmp.fusion_note());
+    if let Some(r) = cmp.fusion.as_ref().filter(|r| !r.blocks.is_empty()) {
+        for l in r.summary_lines() {
+            println!("  {l}");
         }
     }
     println!("threads: {}", threads.count());
-    for (what, r) in [("fused", fused_run), ("unfused", unfused_run)] {
+    for (what, r) in [("fused", &cmp.fused), ("unfused", &cmp.unfused)] {
         if let Some(r) = r {
             println!("ops ({what}): {}", r.ops);
         }
     }
-    let path = if fused_run.is_some() {
+    print_outputs(args, cmp);
+    let t = |r: &Option<PathRun>| {
+        r.as_ref()
+            .map(|r| format!("{:.3} ms (build {:.1} ms)", r.run_ms, r.build_ms))
+    };
+    match (t(&cmp.fused), t(&cmp.unfused)) {
+        (Some(f), Some(u)) => println!("time: fused {f}, unfused {u}"),
+        (Some(f), None) => println!("time: fused {f}"),
+        (None, Some(u)) => println!("time: unfused {u}"),
+        (None, None) => {}
+    }
+    if all_diffs(cmp).next().is_some() {
+        println!(
+            "tolerance: |a-b| <= atol + rtol*|b| with {}",
+            tolerance_phrase(cmp)
+        );
+    }
+    if let Some(out) = &args.output {
+        println!("wrote {}", out.display());
+    }
+    for n in write_notes {
+        println!("note: {n}");
+    }
+}
+
+/// One line per output of the path the user gets, with its diffs.
+fn print_outputs(args: &RunArgs, cmp: &Comparison) {
+    let path = if cmp.fused.is_some() {
         "fused"
     } else {
         "unfused"
     };
-    for o in &primary.outputs {
+    for o in &cmp.primary().outputs {
         let s = summarize(&o.tensor)
             .map(|s| {
-                format!(
-                    "min={:.6} max={:.6} mean={:.6}{}",
-                    s.min,
-                    s.max,
-                    s.mean,
-                    if s.nan > 0 {
-                        format!(" nan={}", s.nan)
-                    } else {
-                        String::new()
-                    }
-                )
+                let nan = if s.nan > 0 {
+                    format!(" nan={}", s.nan)
+                } else {
+                    String::new()
+                };
+                format!("min={:.6} max={:.6} mean={:.6}{nan}", s.min, s.max, s.mean)
             })
             .unwrap_or_default();
         println!(
@@ -342,39 +320,18 @@ fn print_text(
             dtype_name(o.tensor.datum_type()),
             o.tensor.shape()
         );
-        if let Some(d) = diffs.and_then(|ds| ds.iter().find(|d| d.name == o.name)) {
+        if let Some(d) = cmp.diffs.iter().flatten().find(|d| d.name == o.name) {
             println!("  fused vs unfused: {}", fmt_err(d));
         }
     }
-    for (p, ds) in expect_diffs {
+    let expect_file = args
+        .expect
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    for (p, ds) in cmp.expect.iter().flatten() {
         for d in ds {
-            println!(
-                "  {p} vs {}: {}: {}",
-                args.expect
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default(),
-                d.name,
-                fmt_err(d)
-            );
+            println!("  {p} vs {expect_file}: {}: {}", d.name, fmt_err(d));
         }
-    }
-    let t = |r: Option<&RunResult>| {
-        r.map(|r| format!("{:.3} ms (build {:.1} ms)", r.run_ms, r.build_ms))
-    };
-    match (t(fused_run), t(unfused_run)) {
-        (Some(f), Some(u)) => println!("time: fused {f}, unfused {u}"),
-        (Some(f), None) => println!("time: fused {f}"),
-        (None, Some(u)) => println!("time: unfused {u}"),
-        (None, None) => {}
-    }
-    if diffs.is_some() || !expect_diffs.is_empty() {
-        println!("tolerance: |a-b| <= {} + {}*|b|", tol.atol, tol.rtol);
-    }
-    if let Some(out) = &args.output {
-        println!("wrote {}", out.display());
-    }
-    for n in write_notes {
-        println!("note: {n}");
     }
 }

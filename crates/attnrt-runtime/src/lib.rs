@@ -6,35 +6,30 @@
 //! - [`attention`]: attnrt's parser for the ONNX `Attention` op (opsets 23 and 24), replacing
 //!   tract's, so every `Attention` node runs on `attnrt_kernels`.
 //! - [`projection`]: `MatMul` by a constant weight (the projections) on the `gemm` crate.
-//! - [`io`]: declared inputs, `.npy`/`.npz` inputs, seeded random inputs, `.npz` outputs.
-//! - [`diff`]: per-output comparison under `|a − b| ≤ atol + rtol·|b|`.
-//! - [`bench`]: warm-up, repetitions, median and spread.
+//! - [`tensor`]: named tensors, and the inputs a model declares.
+//! - [`plan`]: plans per input shape, kept in a bounded cache.
+//!
+//! The harness around a run (input files, random inputs, diffs, timing, the fused-vs-unfused
+//! comparison) is `attnrt::harness`, in the facade crate: this crate is graph → session →
+//! outputs.
 
 pub mod attention;
-pub mod bench;
-pub mod diff;
-pub mod io;
 pub mod plan;
 pub mod projection;
 pub mod session;
+pub mod tensor;
 pub mod threads;
 
-pub use bench::{quartiles, time_paired, PairedTiming, Timing};
-pub use diff::{diff_outputs, diff_tensor, OutputDiff, Tolerance};
-pub use io::{
-    declared_inputs, dtype_name, prepare_inputs, read_npz_tensors, summarize, write_npz,
-    DeclaredDim, DeclaredInput, DimBinding, InputOptions, NamedTensor, PreparedInputs,
-    TensorSummary,
-};
 pub use plan::PlanStats;
 pub use projection::Backend;
 pub use session::{
     onnx_frontend, onnx_frontend_with, panic_is_guarded, OpCounts, Session, SessionOptions,
     ShapePolicy,
 };
+pub use tensor::{declared_inputs, dtype_name, DeclaredDim, DeclaredInput, NamedTensor};
 pub use threads::Threads;
 /// tract's tensor type, used for every input and output value.
-pub use tract_onnx::prelude::{DatumType, Tensor};
+pub use tract_onnx::prelude::{f16, DatumType, Tensor};
 
 use std::time::Instant;
 

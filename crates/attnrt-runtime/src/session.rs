@@ -10,9 +10,9 @@ use prost::Message;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
 
-use crate::io::NamedTensor;
 use crate::plan::{self, DimKey, Plan, PlanCache, PlanKey, PlanStats};
 use crate::projection::Backend;
+use crate::tensor::NamedTensor;
 use crate::threads::Threads;
 
 /// The ONNX front-end of tract with attnrt's `Attention` parser in place of tract's, and
@@ -689,7 +689,7 @@ mod tests {
 }
 
 /// What a planned graph runs, by implementation (see [`Session::op_counts`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct OpCounts {
     /// Attention operations on attnrt's kernel.
     pub attention: usize,

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod generate;
+pub mod harness;
 
 pub use attnrt_fusion as fusion;
 pub use attnrt_onnx as onnx;

@@ -7,9 +7,10 @@
 use std::path::{Path, PathBuf};
 
 use attnrt::generate::{DecoderSignature, GenerationOptions, Generator};
+use attnrt::harness::Tolerance;
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, Limits, ModelProto};
-use attnrt_runtime::{Backend, Threads, Tolerance};
+use attnrt_runtime::{Backend, Threads};
 
 fn models_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")

@@ -14,10 +14,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use attnrt_onnx::ModelProto;
-use attnrt_runtime::{
-    Backend, OutputDiff, PlanStats, Session, SessionOptions, ShapePolicy, Threads, Tolerance,
-};
+use attnrt_runtime::{Backend, PlanStats, Session, SessionOptions, ShapePolicy, Threads};
 use serde::Serialize;
+
+use crate::harness::{OutputDiff, Tolerance};
 
 pub use signature::{CacheSlot, DecoderSignature};
 use step::{argmax_last, StepInputs};
@@ -186,7 +186,7 @@ impl Generator {
                 let reference_logits = t.take_outputs(&self.signature, outputs)?;
                 let reference_token = argmax_last(&reference_logits)?;
                 let tol = options.check.unwrap_or_default();
-                let diff = attnrt_runtime::diff_tensor(
+                let diff = crate::harness::diff_tensor(
                     &self.signature.logits,
                     &logits,
                     &reference_logits,

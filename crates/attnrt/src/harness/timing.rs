@@ -6,8 +6,7 @@ use std::time::Instant;
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::io::NamedTensor;
-use crate::session::Session;
+use attnrt_runtime::{NamedTensor, Session};
 
 /// Statistics of repeated timings, in milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -1,10 +1,8 @@
 //! Comparing two sets of outputs: per output name, shape and dtype agreement, max absolute and
 //! relative error, NaN agreement, and a verdict under `|a − b| ≤ atol + rtol·|b|`.
 
+use attnrt_runtime::{dtype_name, DatumType, NamedTensor, Tensor};
 use serde::Serialize;
-use tract_onnx::prelude::Tensor;
-
-use crate::io::{dtype_name, NamedTensor};
 
 /// Elementwise tolerance: `a` is close to the reference `b` when `|a − b| ≤ atol + rtol·|b|`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -16,13 +14,113 @@ pub struct Tolerance {
 }
 
 impl Default for Tolerance {
-    /// 1e-4 absolute and relative: f32 attention reassociates sums (online softmax, blocked
-    /// dot products), which moves results by a few ulps of the largest intermediate values.
+    /// The float32 default, [`Tolerance::FLOAT32`].
     fn default() -> Self {
-        Tolerance {
-            atol: 1e-4,
-            rtol: 1e-4,
+        Tolerance::FLOAT32
+    }
+}
+
+impl Tolerance {
+    /// float32 (and the default): 1e-4 absolute and relative. f32 attention reassociates sums
+    /// (online softmax, blocked dot products), which moves results by a few ulps of the largest
+    /// intermediate values.
+    pub const FLOAT32: Tolerance = Tolerance {
+        atol: 1e-4,
+        rtol: 1e-4,
+    };
+    /// float16: 2e-3 absolute and relative, about two ulps at 1.0 (ε = 9.8e-4). The fused path
+    /// computes in f32 and rounds once; the unfused one rounds after every op.
+    pub const FLOAT16: Tolerance = Tolerance {
+        atol: 2e-3,
+        rtol: 2e-3,
+    };
+    /// bfloat16: 1.6e-2 absolute and relative, about two ulps at 1.0 (ε = 7.8e-3).
+    pub const BFLOAT16: Tolerance = Tolerance {
+        atol: 1.6e-2,
+        rtol: 1.6e-2,
+    };
+    /// float64: 1e-6 absolute and relative; both paths compute in double (attnrt's kernel does
+    /// not take doubles, so double attention is never fused) and differ only by reassociation.
+    pub const FLOAT64: Tolerance = Tolerance {
+        atol: 1e-6,
+        rtol: 1e-6,
+    };
+    /// Integers and booleans: exact.
+    pub const EXACT: Tolerance = Tolerance {
+        atol: 0.0,
+        rtol: 0.0,
+    };
+
+    /// The default tolerance for outputs of element type `dt`.
+    pub fn for_dtype(dt: DatumType) -> Tolerance {
+        match dt {
+            DatumType::F32 => Tolerance::FLOAT32,
+            DatumType::F16 => Tolerance::FLOAT16,
+            DatumType::F64 => Tolerance::FLOAT64,
+            DatumType::Bool => Tolerance::EXACT,
+            dt if dt.is_integer() => Tolerance::EXACT,
+            // bf16 has no DatumType of its own in tract; anything else float-like gets the
+            // loosest float default.
+            _ => Tolerance::BFLOAT16,
         }
+    }
+
+    /// The defaults of every float element type, for help text and reports.
+    pub fn defaults_table() -> String {
+        [
+            ("float32", Tolerance::FLOAT32),
+            ("float16", Tolerance::FLOAT16),
+            ("bfloat16", Tolerance::BFLOAT16),
+            ("float64", Tolerance::FLOAT64),
+        ]
+        .iter()
+        .map(|(n, t)| format!("{n} {}/{}", t.atol, t.rtol))
+        .collect::<Vec<_>>()
+        .join(", ")
+    }
+}
+
+/// Which tolerance a comparison uses: one given by the user for every output, or the default
+/// of each output's element type ([`Tolerance::for_dtype`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToleranceChoice {
+    /// The default of each reference output's element type.
+    #[default]
+    ByDtype,
+    /// The same tolerance for every output.
+    Fixed(Tolerance),
+}
+
+impl ToleranceChoice {
+    /// The tolerance for a reference output of element type `dt`.
+    pub fn for_dtype(self, dt: DatumType) -> Tolerance {
+        match self {
+            ToleranceChoice::ByDtype => Tolerance::for_dtype(dt),
+            ToleranceChoice::Fixed(t) => t,
+        }
+    }
+
+    /// `--atol/--rtol` as given (either may be absent): both absent = per-dtype defaults; one
+    /// absent takes the float32 default for that part.
+    pub fn from_flags(atol: Option<f64>, rtol: Option<f64>) -> anyhow::Result<ToleranceChoice> {
+        if atol.is_none() && rtol.is_none() {
+            return Ok(ToleranceChoice::ByDtype);
+        }
+        let t = Tolerance {
+            atol: atol.unwrap_or(Tolerance::FLOAT32.atol),
+            rtol: rtol.unwrap_or(Tolerance::FLOAT32.rtol),
+        };
+        if !(t.atol >= 0.0 && t.rtol >= 0.0) {
+            anyhow::bail!("--atol and --rtol must be non-negative numbers");
+        }
+        Ok(ToleranceChoice::Fixed(t))
+    }
+}
+
+impl From<Tolerance> for ToleranceChoice {
+    fn from(t: Tolerance) -> Self {
+        ToleranceChoice::Fixed(t)
     }
 }
 
@@ -51,6 +149,8 @@ pub struct OutputDiff {
     pub ok: bool,
     /// Why it fails, when it does for a reason other than values (shape, dtype, missing).
     pub problem: Option<String>,
+    /// The tolerance this output was judged by.
+    pub tolerance: Tolerance,
 }
 
 fn as_f64(t: &Tensor) -> Option<Vec<f64>> {
@@ -72,6 +172,7 @@ pub fn diff_tensor(name: &str, actual: &Tensor, reference: &Tensor, tol: Toleran
         mismatches: 0,
         ok: false,
         problem: None,
+        tolerance: tol,
     };
     if actual.shape() != reference.shape() {
         d.problem = Some(format!(
@@ -120,14 +221,17 @@ pub fn diff_tensor(name: &str, actual: &Tensor, reference: &Tensor, tol: Toleran
 
 /// Compares every reference output with the output of the same name; a reference output
 /// missing from `actual` fails. Outputs of `actual` without a reference are not compared.
+/// `tol` is a [`Tolerance`] for every output or a [`ToleranceChoice`] (per-dtype defaults).
 pub fn diff_outputs(
     actual: &[NamedTensor],
     reference: &[NamedTensor],
-    tol: Tolerance,
+    tol: impl Into<ToleranceChoice>,
 ) -> Vec<OutputDiff> {
+    let choice = tol.into();
     reference
         .iter()
-        .map(|r| match actual.iter().find(|a| a.name == r.name) {
+        .map(|r| (r, choice.for_dtype(r.tensor.datum_type())))
+        .map(|(r, tol)| match actual.iter().find(|a| a.name == r.name) {
             Some(a) => diff_tensor(&r.name, &a.tensor, &r.tensor, tol),
             None => OutputDiff {
                 name: r.name.clone(),
@@ -141,6 +245,7 @@ pub fn diff_outputs(
                 mismatches: 0,
                 ok: false,
                 problem: Some("no output of this name".to_string()),
+                tolerance: tol,
             },
         })
         .collect()
@@ -191,5 +296,41 @@ mod tests {
         }];
         let d = diff_outputs(&[], &r, tol);
         assert!(!d[0].ok);
+    }
+
+    #[test]
+    fn default_tolerances_follow_the_dtype() {
+        let half = |v: &[f32]| t(v).cast_to_dt(DatumType::F16).unwrap().into_owned();
+        let a = [NamedTensor {
+            name: "y".into(),
+            tensor: half(&[1.0, 2.0]),
+        }];
+        // One f16 ulp at 2.0 (0.00195): within the float16 default, far outside float32's.
+        let b = [NamedTensor {
+            name: "y".into(),
+            tensor: half(&[1.0, 2.00195]),
+        }];
+        let by_dtype = diff_outputs(&a, &b, ToleranceChoice::ByDtype);
+        assert!(by_dtype[0].ok, "{by_dtype:?}");
+        assert_eq!(by_dtype[0].tolerance, Tolerance::FLOAT16);
+        let fixed = diff_outputs(&a, &b, Tolerance::FLOAT32);
+        assert!(!fixed[0].ok);
+        assert_eq!(Tolerance::for_dtype(DatumType::F32), Tolerance::FLOAT32);
+        assert_eq!(Tolerance::for_dtype(DatumType::F64), Tolerance::FLOAT64);
+        assert_eq!(Tolerance::for_dtype(DatumType::I64), Tolerance::EXACT);
+        assert_eq!(Tolerance::for_dtype(DatumType::Bool), Tolerance::EXACT);
+    }
+
+    #[test]
+    fn flags_choose_a_fixed_tolerance() {
+        assert_eq!(
+            ToleranceChoice::from_flags(None, None).unwrap(),
+            ToleranceChoice::ByDtype
+        );
+        let one = ToleranceChoice::from_flags(Some(0.5), None).unwrap();
+        assert_eq!(one.for_dtype(DatumType::F16).atol, 0.5);
+        assert_eq!(one.for_dtype(DatumType::F16).rtol, Tolerance::FLOAT32.rtol);
+        assert!(ToleranceChoice::from_flags(Some(-1.0), None).is_err());
+        assert!(ToleranceChoice::from_flags(None, Some(f64::NAN)).is_err());
     }
 }

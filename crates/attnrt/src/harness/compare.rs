@@ -1,0 +1,191 @@
+//! The compare pipeline: fuse → run fused → run unfused → diff → compare with expected outputs.
+//!
+//! One function, [`compare`], used by `attnrt run`, the tests over `models/` and the benches'
+//! correctness checks, returns a [`Comparison`]: the fusion report, what each path ran (op
+//! placement, build and run times), the fused-vs-unfused diffs and the diffs against expected
+//! outputs (e.g. PyTorch's, saved next to a model), each output judged by the tolerance of its
+//! element type unless the caller fixes one. It serializes to JSON as is.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use attnrt_fusion::{FusionOptions, FusionReport};
+use attnrt_onnx::ModelProto;
+use attnrt_runtime::{run_once, Backend, NamedTensor, OpCounts, RunResult, Threads};
+use serde::Serialize;
+
+use super::diff::{diff_outputs, OutputDiff, ToleranceChoice};
+
+/// What to run and how to judge it.
+#[derive(Debug, Clone, Default)]
+pub struct CompareOptions {
+    /// Do not fuse: run the original graph only.
+    pub no_fuse: bool,
+    /// Run the fused model only (no unfused reference, no fused-vs-unfused diff).
+    pub no_diff: bool,
+    /// Fuse only blocks whose fused form is exact on every input.
+    pub strict: bool,
+    /// Tolerance of the fused-vs-unfused diff.
+    pub tolerance: ToleranceChoice,
+    /// Tolerance of the diffs against expected outputs (`None`: the same as `tolerance`).
+    pub expect_tolerance: Option<ToleranceChoice>,
+    /// Where constant-weight matmuls run.
+    pub backend: Backend,
+}
+
+/// One path that ran (the fused or the unfused graph).
+#[derive(Debug, Clone, Serialize)]
+pub struct PathRun {
+    /// Outputs in graph order (not serialized; see [`Comparison::primary`]).
+    #[serde(skip)]
+    pub outputs: Vec<NamedTensor>,
+    /// Time to parse, type, optimize and plan the graph, in milliseconds.
+    pub build_ms: f64,
+    /// Time of the one run, in milliseconds.
+    pub run_ms: f64,
+    /// What the planned graph ran, by implementation.
+    pub ops: OpCounts,
+}
+
+impl From<RunResult> for PathRun {
+    fn from(r: RunResult) -> Self {
+        PathRun {
+            outputs: r.outputs,
+            build_ms: r.build_ms,
+            run_ms: r.run_ms,
+            ops: r.ops,
+        }
+    }
+}
+
+/// The result of [`compare`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    /// The model's name in messages (usually its path).
+    pub model: String,
+    /// The fusion report; `None` with [`CompareOptions::no_fuse`].
+    pub fusion: Option<FusionReport>,
+    /// The fused model, when at least one block was fused (not serialized).
+    #[serde(skip)]
+    pub fused_model: Option<ModelProto>,
+    /// The fused path, when a block was fused.
+    pub fused: Option<PathRun>,
+    /// The unfused path, when it ran (no block fused, or as the reference of the diff).
+    pub unfused: Option<PathRun>,
+    /// Fused vs unfused, per output; `None` when only one path ran.
+    pub diffs: Option<Vec<OutputDiff>>,
+    /// Per path (`"fused"`, `"unfused"`), its outputs against the expected ones.
+    pub expect: Option<BTreeMap<String, Vec<OutputDiff>>>,
+    /// The tolerance the fused-vs-unfused diff used.
+    pub tolerance: ToleranceChoice,
+}
+
+impl Comparison {
+    /// Number of attention blocks fused.
+    pub fn blocks(&self) -> usize {
+        self.fusion.as_ref().map_or(0, |f| f.blocks.len())
+    }
+
+    /// The path whose outputs a user gets: the fused one when it ran, else the unfused one.
+    pub fn primary(&self) -> &PathRun {
+        match (&self.fused, &self.unfused) {
+            (Some(f), _) => f,
+            (None, Some(u)) => u,
+            (None, None) => unreachable!("compare always runs one path"),
+        }
+    }
+
+    /// Whether every diff is within its tolerance.
+    pub fn ok(&self) -> bool {
+        self.failures().is_empty()
+    }
+
+    /// One phrase per output out of tolerance, e.g. `'y' fused vs unfused`.
+    pub fn failures(&self) -> Vec<String> {
+        let mut bad = Vec::new();
+        for d in self.diffs.iter().flatten().filter(|d| !d.ok) {
+            bad.push(format!("'{}' fused vs unfused", d.name));
+        }
+        for (path, ds) in self.expect.iter().flatten() {
+            for d in ds.iter().filter(|d| !d.ok) {
+                bad.push(format!("'{}' {path} vs expected", d.name));
+            }
+        }
+        bad
+    }
+
+    /// One line on what fusion did.
+    pub fn fusion_note(&self) -> String {
+        match &self.fusion {
+            None => "not attempted (--no-fuse)".to_string(),
+            Some(_) if self.blocks() == 0 => {
+                "found no attention block to fuse; ran the original graph".to_string()
+            }
+            Some(_) => format!("{} attention block(s) fused", self.blocks()),
+        }
+    }
+}
+
+/// Fuses `model` (unless told not to), runs the fused and the unfused graph on `inputs`, and
+/// diffs them against each other and against `expected` when given.
+pub fn compare(
+    model: &ModelProto,
+    name: &str,
+    inputs: &[NamedTensor],
+    expected: Option<&[NamedTensor]>,
+    threads: &Threads,
+    options: &CompareOptions,
+) -> Result<Comparison> {
+    let fused = if options.no_fuse {
+        None
+    } else {
+        let fusion = FusionOptions {
+            strict: options.strict,
+        };
+        Some(
+            attnrt_fusion::fuse(model, &fusion)
+                .with_context(|| format!("{name}: fusion failed"))?,
+        )
+    };
+    let (fusion, fused_model) = match fused {
+        Some(f) if !f.report.blocks.is_empty() => (Some(f.report), Some(f.model)),
+        Some(f) => (Some(f.report), None),
+        None => (None, None),
+    };
+    let run = |m: &ModelProto, what: String| -> Result<PathRun> {
+        Ok(run_once(m, inputs, threads, &what, options.backend)?.into())
+    };
+    let fused_run = fused_model
+        .as_ref()
+        .map(|m| run(m, format!("fused {name}")))
+        .transpose()?;
+    let unfused_run = (fused_run.is_none() || !options.no_diff)
+        .then(|| run(model, name.to_string()))
+        .transpose()?;
+    let diffs = match (&fused_run, &unfused_run) {
+        (Some(f), Some(u)) => Some(diff_outputs(&f.outputs, &u.outputs, options.tolerance)),
+        _ => None,
+    };
+    let expect = expected.map(|exp| {
+        let tol = options.expect_tolerance.unwrap_or(options.tolerance);
+        [("fused", &fused_run), ("unfused", &unfused_run)]
+            .into_iter()
+            .filter_map(|(path, r)| {
+                Some((
+                    path.to_string(),
+                    diff_outputs(&r.as_ref()?.outputs, exp, tol),
+                ))
+            })
+            .collect()
+    });
+    Ok(Comparison {
+        model: name.to_string(),
+        fusion,
+        fused_model,
+        fused: fused_run,
+        unfused: unfused_run,
+        diffs,
+        expect,
+        tolerance: options.tolerance,
+    })
+}
