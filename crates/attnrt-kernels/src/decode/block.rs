@@ -4,9 +4,10 @@
 //!
 //! Written once over fixed-size lane arrays (`[f32; 8]`, `[f32; 16]`) that LLVM turns into
 //! vector registers, and instantiated twice by [`run_split`]: inside an AVX2+FMA
-//! `#[target_feature]` function (`FMA = true`: fused multiply-adds on ymm registers) and for the
-//! baseline target (`FMA = false`: separate multiply and add, since `mul_add` without the
-//! instruction is a library call).
+//! `#[target_feature]` function (`FMA = true`: fused multiply-adds) and for the baseline target
+//! (`FMA = false`: separate multiply and add, since `mul_add` without the instruction is a
+//! library call). With `FMA` the two tiles that read K and V (`dot_tile`, `pv_rows`) use the
+//! intrinsic versions in `super::avx2`.
 
 // Raw pointers into validated views are passed with their strides; bundling them obscures it.
 #![allow(clippy::too_many_arguments)]
@@ -226,6 +227,10 @@ unsafe fn dot_tile<const FMA: bool, const NR: usize, const NK: usize>(
     k: [*const f32; NK],
     s: *mut f32,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if FMA {
+        return super::avx2::dot_tile::<NR, NK>(q, d, k, s);
+    }
     let mut acc = [[[0.0f32; 8]; NK]; NR];
     let chunks = d / 8;
     for c in 0..chunks {
@@ -353,6 +358,10 @@ unsafe fn pv_rows<const FMA: bool, const NR: usize>(
     o: *mut f32,
     dv: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if FMA {
+        return super::avx2::pv_rows::<NR>(p, v, nb, alpha, o, dv);
+    }
     let chunks = dv / 16;
     for c in 0..chunks {
         let mut acc = [[0.0f32; 16]; NR];

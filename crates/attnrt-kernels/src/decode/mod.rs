@@ -18,6 +18,8 @@
 //! arrays, in [`block`]; it is compiled for AVX2+FMA (selected at run time) and for the baseline
 //! target (the portable path).
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod block;
 
 use rayon::prelude::*;
