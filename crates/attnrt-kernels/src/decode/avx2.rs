@@ -1,4 +1,5 @@
-//! AVX2+FMA register tiles of the decode path: the two loops that touch every K and V element.
+//! AVX2+FMA register tiles of the decode path: the two loops that touch every K and V element,
+//! and the softmax of a block (with the flash kernel's `2^x`).
 //! The lane-array versions in `block` compile to a mix of xmm and scalar code (LLVM's SLP
 //! vectorizer does not always form whole ymm registers across the tile), so the hot tiles are
 //! spelled with intrinsics here; everything else stays portable.
@@ -6,6 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::KB;
+use crate::flash::avx2::vexp2;
 
 /// `s[r·KB + kk] = q[r] · k[kk]` for an `NR × NK` tile (`NR·NK` ymm accumulators, NR ≤ 4, NK ≤ 2;
 /// columns past the last multiple of 8 in scalar FMAs).
@@ -98,5 +100,45 @@ fn hsum(x: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// One block of the online softmax of a row (see `block::softmax_row`, whose contract this
+/// keeps): running max and sum updated, `s` turned into `p = 2^(s − m)`, `α` returned.
+///
+/// # Safety
+/// AVX2 and FMA available; `srow` holds `KB` scores.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) unsafe fn softmax_row(srow: *mut f32, m: &mut f32, l: &mut f32) -> f32 {
+    let mut mx = _mm256_set1_ps(f32::NEG_INFINITY);
+    for c in 0..KB / 8 {
+        mx = _mm256_max_ps(mx, _mm256_loadu_ps(srow.add(c * 8)));
+    }
+    let m_new = hmax(mx).max(*m);
+    let m_use = if m_new == f32::NEG_INFINITY {
+        0.0
+    } else {
+        m_new
+    };
+    let alpha = _mm256_cvtss_f32(vexp2(_mm256_set1_ps(*m - m_use)));
+    let mu = _mm256_set1_ps(m_use);
+    let mut sum = _mm256_setzero_ps();
+    for c in 0..KB / 8 {
+        let p = vexp2(_mm256_sub_ps(_mm256_loadu_ps(srow.add(c * 8)), mu));
+        _mm256_storeu_ps(srow.add(c * 8), p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    *l = alpha.mul_add(*l, hsum(sum));
+    *m = m_new;
+    alpha
+}
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn hmax(x: __m256) -> f32 {
+    let s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_max_ss(s, _mm_shuffle_ps::<1>(s, s));
     _mm_cvtss_f32(s)
 }

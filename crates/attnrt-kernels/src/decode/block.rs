@@ -6,8 +6,8 @@
 //! vector registers, and instantiated twice by [`run_split`]: inside an AVX2+FMA
 //! `#[target_feature]` function (`FMA = true`: fused multiply-adds) and for the baseline target
 //! (`FMA = false`: separate multiply and add, since `mul_add` without the instruction is a
-//! library call). With `FMA` the two tiles that read K and V (`dot_tile`, `pv_rows`) use the
-//! intrinsic versions in `super::avx2`.
+//! library call). With `FMA` the two tiles that read K and V (`dot_tile`, `pv_rows`) and the softmax
+//! use the intrinsic versions in `super::avx2`.
 
 // Raw pointers into validated views are passed with their strides; bundling them obscures it.
 #![allow(clippy::too_many_arguments)]
@@ -105,6 +105,7 @@ unsafe fn split<const FMA: bool>(
     let mut jb = j0;
     while jb < j1 {
         let nb = KB.min(j1 - jb);
+        prefetch_rows(plan, b, kvh, jb + PREFETCH_AHEAD * KB, j1);
         block_rows(plan, rows, b, kvh, jb, nb);
         scores::<FMA>(plan, rows, nb);
         for r in 0..nrows {
@@ -119,6 +120,40 @@ unsafe fn split<const FMA: bool>(
     part[..nrows].copy_from_slice(&rows.m);
     part[nrows..2 * nrows].copy_from_slice(&rows.l);
     part[2 * nrows..].copy_from_slice(&rows.o);
+}
+
+/// How many blocks ahead [`prefetch_rows`] asks for K and V rows.
+const PREFETCH_AHEAD: usize = 2;
+
+/// Asks for the K and V rows of the block at `jb` (if before `end`) to be fetched into L2.
+/// The decode path does little arithmetic per byte, so the hardware prefetcher alone (which
+/// stops at page boundaries and sees two interleaved streams) leaves the core waiting on
+/// memory; fetching two blocks ahead keeps enough misses in flight.
+#[inline(always)]
+unsafe fn prefetch_rows(plan: &Plan, b: usize, kvh: usize, jb: usize, end: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let kbase = plan
+            .k
+            .offset(b as isize * plan.ks[0] + kvh as isize * plan.ks[1]);
+        let vbase = plan
+            .v
+            .offset(b as isize * plan.vs[0] + kvh as isize * plan.vs[1]);
+        for j in jb..end.min(jb + KB) {
+            for (base, st, n) in [(kbase, plan.ks, plan.d), (vbase, plan.vs, plan.dv)] {
+                let row = base.offset(j as isize * st[2]);
+                let span = (n.max(1) - 1) as isize * st[3];
+                let mut e = 0;
+                while e <= span {
+                    _mm_prefetch::<_MM_HINT_T1>(row.offset(e) as *const i8);
+                    e += 16;
+                }
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (plan, b, kvh, jb, end);
 }
 
 /// `qp[r][e] = scale·log2 e · Q[b, h, i, e]` for every row `r = (h, i)` of the group.
@@ -300,6 +335,11 @@ unsafe fn bias_row(
 /// output accumulated so far. While every score seen is `−inf`, `m` stays `−inf` and `p = 0`.
 #[inline(always)]
 fn softmax_row<const FMA: bool>(srow: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if FMA {
+        // SAFETY: `FMA` is only set inside the AVX2+FMA instantiation; `srow` holds KB scores.
+        return unsafe { super::avx2::softmax_row(srow.as_mut_ptr(), m, l) };
+    }
     let mut mx = [f32::NEG_INFINITY; 8];
     for c in srow.chunks_exact(8) {
         for (a, x) in mx.iter_mut().zip(c) {

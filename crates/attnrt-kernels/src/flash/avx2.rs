@@ -69,7 +69,7 @@ fn vmax(a: V, b: V) -> V {
 /// (including −inf) give exactly 0 — no denormals reach the FMAs; NaN stays NaN.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn vexp2(x: V) -> V {
+pub(crate) fn vexp2(x: V) -> V {
     let lo = _mm256_set1_ps(-126.0);
     let keep = _mm256_cmp_ps::<_CMP_NLT_UQ>(x, lo);
     // Clamped so that `n + 127` stays a valid biased exponent. `max`/`min` return their second

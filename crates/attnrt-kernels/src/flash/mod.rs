@@ -1116,7 +1116,7 @@ macro_rules! flash_core {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod scalar;

@@ -3,6 +3,7 @@
 //! broadcast strides, the `nonpad_kv_seqlen` lengths, f16 ↔ f32.
 
 use attnrt_kernels::{Mask, View4, ViewMut4};
+use rayon::prelude::*;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
@@ -104,31 +105,36 @@ pub(super) fn y_view(
 }
 
 /// Copies the strided view `v` into the contiguous `[B, H, T, D]` buffer `out`, at sequence
-/// positions `seq_offset..seq_offset + L`.
+/// positions `seq_offset..seq_offset + L`. The `(batch, head)` slices are copied in parallel on
+/// the current pool: with a long cache this copy is most of a decode step's memory traffic (and
+/// its first touch of the freshly allocated output).
 pub(super) fn copy_into_seq(v: &View4<f32>, out: &mut [f32], total: usize, seq_offset: usize) {
-    let [b_n, h_n, l_n, d_n] = v.dims;
-    let src_off = |b: usize, h: usize, l: usize, d: usize| {
-        (b as isize * v.strides[0]
-            + h as isize * v.strides[1]
-            + l as isize * v.strides[2]
-            + d as isize * v.strides[3]) as usize
-    };
-    for b in 0..b_n {
-        for h in 0..h_n {
+    let [_, h_n, l_n, d_n] = v.dims;
+    if total == 0 || d_n == 0 {
+        return;
+    }
+    out.par_chunks_mut(total * d_n)
+        .enumerate()
+        .for_each(|(bh, slice)| {
+            let (b, h) = (bh / h_n, bh % h_n);
+            let src = |l: usize, d: usize| {
+                (b as isize * v.strides[0]
+                    + h as isize * v.strides[1]
+                    + l as isize * v.strides[2]
+                    + d as isize * v.strides[3]) as usize
+            };
             for l in 0..l_n {
-                let dst = ((b * h_n + h) * total + seq_offset + l) * d_n;
-                let row = &mut out[dst..dst + d_n];
-                if v.strides[3] == 1 && d_n > 0 {
-                    let s = src_off(b, h, l, 0);
+                let row = &mut slice[(seq_offset + l) * d_n..(seq_offset + l + 1) * d_n];
+                if v.strides[3] == 1 {
+                    let s = src(l, 0);
                     row.copy_from_slice(&v.data[s..s + d_n]);
                 } else {
                     for (d, x) in row.iter_mut().enumerate() {
-                        *x = v.data[src_off(b, h, l, d)];
+                        *x = v.data[src(l, d)];
                     }
                 }
             }
-        }
-    }
+        });
 }
 
 /// `present = concat([past, cur], axis=2)` built directly in a new `[B, H, P+L, D]` f32 tensor
