@@ -159,7 +159,11 @@ pub(super) fn present_tensor(
     };
     let past_len = past_view.as_ref().map_or(0, |p| p.dims[2]);
     let total = past_len + cd[2];
-    let mut t = f32_output(&[cd[0], cd[1], total, cd[3]])?;
+    // Not zero-filled: with a long cache the zeroing was a third pass over present's memory.
+    // SAFETY: every element is written below — past fills positions 0..past_len and cur
+    // past_len..total of every (batch, head) slice, and both were checked to have present's
+    // batch, head and head-size extents (f32 has no invalid bit patterns either way).
+    let mut t = unsafe { Tensor::uninitialized::<f32>(&[cd[0], cd[1], total, cd[3]])? };
     let out = f32_data_mut(&mut t)?;
     if let Some(p) = &past_view {
         copy_into_seq(p, out, total, 0);
