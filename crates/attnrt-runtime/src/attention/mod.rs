@@ -9,7 +9,8 @@
 //! no transpose is materialised), attribute defaults, `past_key`/`past_value` concatenation into
 //! `present_key`/`present_value`, mask broadcasting, the opset-24 `nonpad_kv_seqlen` padding
 //! input, f16 ↔ f32, and `qk_matmul_output`. The arithmetic itself is
-//! `attnrt_kernels::attention` (flash-style) and, only for the optional `qk_matmul_output`,
+//! `attnrt_kernels::attention` (flash-style; its decode path for `Lq ≤ 4`, reading the keys and
+//! values from `present_*` in place) and, only for the optional `qk_matmul_output`,
 //! `attnrt_kernels::reference::scores`.
 //!
 //! Memory: f32 inputs are read in place from tract's tensors (no copy), the kernel writes `Y`
