@@ -14,3 +14,7 @@ source scripts/python-env.sh
 # A one-off build gains nothing from incremental compilation and would keep ≈ 0.3 GB of its state.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 cargo test --workspace --locked
+# The Rust API's examples, run as a user would (each exits non-zero on a wrong result).
+cargo run --locked -q -p attnrt --example fuse_and_run -- models/bert_eager.ts.onnx \
+  models/bert_eager.inputs.npz models/bert_eager.outputs.npz
+cargo run --locked -q -p attnrt --example explain -- models/gpt2_cache_eager.ts.onnx >/dev/null

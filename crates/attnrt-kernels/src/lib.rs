@@ -24,6 +24,8 @@
 //! A problem with no keys at all (`Lk == 0`, or a causal offset that excludes every key) is the
 //! same case: zero rows.
 
+#![warn(missing_docs)]
+
 mod error;
 mod flash;
 mod isa;

@@ -13,6 +13,8 @@
 //! comparison) is `attnrt::harness`, in the facade crate: this crate is graph → session →
 //! outputs.
 
+#![warn(missing_docs)]
+
 pub mod attention;
 pub mod plan;
 pub mod projection;
