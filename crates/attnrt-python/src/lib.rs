@@ -1,9 +1,9 @@
 //! attnrt's Python extension module (`attnrt._attnrt`), wrapped by the `attnrt` package in
 //! `python/attnrt/__init__.py`, which gives it onnxruntime's shape.
 //!
-//! - [`fuse_model`]: a model (path or bytes) → the fused model's bytes and the fusion report as
+//! - `fuse_model`: a model (path or bytes) → the fused model's bytes and the fusion report as
 //!   JSON (the `report` of `attnrt fuse --json`);
-//! - [`session::Session`]: a session on the fused (or original) model, serving every input
+//! - `session::Session`: a session on the fused (or original) model, serving every input
 //!   shape; `run` takes numpy arrays by name and releases the GIL while the model runs;
 //! - every error is an `attnrt.AttnrtError` carrying attnrt's one-line message (a panic inside
 //!   attnrt is caught by the runtime and reported the same way; none crosses into Python).

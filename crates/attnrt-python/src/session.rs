@@ -116,15 +116,13 @@ fn check_feeds(declared: &[DeclaredInput], feeds: &[NamedTensor]) -> Result<(), 
             let DeclaredDim::Symbol(s) = dim else {
                 continue;
             };
-            match bound.get(s.as_str()) {
-                Some(&(m, other)) if m != n => return Err(format!(
-                    "feed '{}' has {n} on axis {axis} ('{s}'), but feed '{other}' has {s} = {m}",
+            let (m, other) = *bound.entry(s).or_insert((n, &d.name));
+            if m != n {
+                let msg = format!("'{s}' = {m} from feed '{other}'");
+                return Err(format!(
+                    "feed '{}' has {n} on axis {axis}, but {msg}",
                     d.name
-                )),
-                Some(_) => {}
-                None => {
-                    bound.insert(s, (n, &d.name));
-                }
+                ));
             }
         }
     }

@@ -34,7 +34,7 @@
 //! The parts, re-exported whole: [`onnx`] (load, validate and save models), [`fusion`] (find
 //! and fuse attention blocks, explain every candidate), [`runtime`] (sessions on tract with
 //! attnrt's attention kernel). This crate adds [`harness`] (inputs from files or random data,
-//! diffs, timing, and [`harness::compare`], the fuse → run fused → run unfused → diff pipeline
+//! diffs, timing, and [`harness::compare()`], the fuse → run fused → run unfused → diff pipeline
 //! behind `attnrt run`) and [`generate`] (decoders with a key/value cache, token by token).
 //! `examples/fuse_and_run.rs` and `examples/explain.rs` show both jobs end to end.
 
