@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a developer's: sets up the Python side the tests
 # use (the ONNX checker and ONNX Runtime for emitted models, the onnx 1.22.0 Attention
-# conformance cases), then runs every Rust test of the workspace.
+# conformance cases, maturin and pytest), runs every Rust test of the workspace and the Rust
+# API's examples, then builds the Python package (crates/attnrt-python) with maturin and runs
+# its tests (tests/python/test_attnrt_package.py) against onnxruntime and this build's CLI.
 #
 #   scripts/test.sh            # what CI runs (.ci/run)
 #
@@ -14,3 +16,13 @@ source scripts/python-env.sh
 # A one-off build gains nothing from incremental compilation and would keep ≈ 0.3 GB of its state.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 cargo test --workspace --locked
+# The Rust API's examples, run as a user would (each exits non-zero on a wrong result).
+cargo run --locked -q -p attnrt --example fuse_and_run -- models/bert_eager.ts.onnx \
+  models/bert_eager.inputs.npz models/bert_eager.outputs.npz
+cargo run --locked -q -p attnrt --example explain -- models/gpt2_cache_eager.ts.onnx >/dev/null
+# The Python package: an abi3 wheel (dev profile: it reuses the build above), installed into the
+# test venv, tested with pytest.
+"$ATTNRT_PYTHON" -m maturin build -q --locked --profile dev -m crates/attnrt-python/Cargo.toml \
+  -o target/wheels
+"$ATTNRT_PYTHON" -m pip install -q --force-reinstall --no-deps target/wheels/attnrt-*-abi3-*.whl
+ATTNRT_BIN="$PWD/target/debug/attnrt" "$ATTNRT_PYTHON" -m pytest -q tests/python/test_attnrt_package.py

@@ -25,6 +25,8 @@
 //! - [`report`]: the report and its text; [`upgrade`]: the opset raise; [`text`]: snapshots,
 //!   DOT.
 
+#![warn(missing_docs)]
+
 pub mod graph;
 pub mod masks;
 pub mod mismatch;

@@ -27,6 +27,8 @@
 //! A problem with no keys at all (`Lk == 0`, or a causal offset that excludes every key) is the
 //! same case: zero rows.
 
+#![warn(missing_docs)]
+
 use std::sync::atomic::{AtomicU8, Ordering};
 
 mod decode;

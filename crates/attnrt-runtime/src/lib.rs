@@ -13,6 +13,8 @@
 //! comparison) is `attnrt::harness`, in the facade crate: this crate is graph → session →
 //! outputs.
 
+#![warn(missing_docs)]
+
 pub mod attention;
 pub mod plan;
 pub mod projection;
@@ -29,7 +31,7 @@ pub use session::{
 pub use tensor::{declared_inputs, dtype_name, DeclaredDim, DeclaredInput, NamedTensor};
 pub use threads::Threads;
 /// tract's tensor type, used for every input and output value.
-pub use tract_onnx::prelude::{f16, DatumType, Tensor};
+pub use tract_onnx::prelude::{f16, Datum, DatumType, Tensor};
 
 use std::time::Instant;
 

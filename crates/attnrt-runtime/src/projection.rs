@@ -417,7 +417,7 @@ const PANEL: usize = 64;
 /// Tokens per `gemm` call of [`project_packed`].
 const TOKENS: usize = 256;
 
-/// A projection weight `W: [K, N]` stored for [`project_packed`]: panels of [`PANEL`] output
+/// A projection weight `W: [K, N]` stored for [`project_packed`]: panels of `PANEL` output
 /// features, panel `c` holding `W[kk][c·PANEL + i]` at `(c·K + kk)·PANEL + i` (zero past `N`).
 /// That is the layout in which the `gemm` crate's microkernels read their left operand, so each
 /// call reads the panel as it is; handed the row-major weight, the crate copies it into that
@@ -504,7 +504,7 @@ struct OutPtr(*mut f32);
 unsafe impl Sync for OutPtr {}
 
 /// [`project`] with the weight already packed: `y[m×n] = alpha · x[m×k] · W (+ bias)`. The
-/// product runs as tasks of up to [`TOKENS`] tokens × one panel of [`PANEL`] output features on
+/// product runs as tasks of up to `TOKENS` tokens × one panel of `PANEL` output features on
 /// the current rayon pool, each one single-threaded `gemm` call that writes its own block of `y`.
 pub fn project_packed(
     x: &[f32],

@@ -16,13 +16,23 @@ use crate::mismatch::{Check, Mismatch};
 #[derive(Clone, Debug, PartialEq)]
 pub enum MaskLayer {
     /// `scores + term`.
-    Add { node: usize, term: String },
+    Add {
+        /// The `Add` node.
+        node: usize,
+        /// The mask value added to the scores.
+        term: String,
+    },
     /// `Where(cond, fill, scores)` (`masked_when_true`) or `Where(cond, scores, fill)`.
     Fill {
+        /// The `Where` node.
         node: usize,
+        /// Its condition value.
         cond: String,
+        /// The value written where masked.
         fill: String,
+        /// That value, as a number.
         fill_value: f64,
+        /// Whether `true` in `cond` masks (the fill is the `Where`'s second input).
         masked_when_true: bool,
     },
 }

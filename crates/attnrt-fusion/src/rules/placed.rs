@@ -14,7 +14,12 @@ pub enum Layout {
     /// 4-D Q/K/V `[B, H, L, D]`.
     FourD,
     /// 3-D Q/K/V `[B, L, H·D]` (head split and merge absorbed).
-    ThreeD { q_heads: i64, kv_heads: i64 },
+    ThreeD {
+        /// Query heads.
+        q_heads: i64,
+        /// Key/value heads.
+        kv_heads: i64,
+    },
     /// 3-D batched `(N, L, d)` MatMuls (nn.MultiheadAttention): wrapped as 4-D with B = 1.
     Batched,
 }

@@ -95,7 +95,7 @@ impl TypedOp for AttentionKernelOp {
     }
 }
 
-/// The inference form: tract's type and shape inference on [`AttentionOp::output_shapes`],
+/// The inference form: tract's type and shape inference on `AttentionOp::output_shapes`,
 /// then the typed op in its place.
 impl Expansion for AttentionOp {
     fn name(&self) -> StaticName {

@@ -17,8 +17,10 @@ use serde::Serialize;
 
 use super::npy::{decode_npy, read_bounded, read_npz};
 
-/// Where input values come from, and how unknowns are filled.
-#[derive(Debug, Clone, Default)]
+/// Where input values come from, and how unknowns are filled. The default: seeded random
+/// values (seed 0) for every input, unbound dims at their defaults, attnrt's default element
+/// limit.
+#[derive(Debug, Clone)]
 pub struct InputOptions {
     /// `name=file.npy` pairs.
     pub npy: Vec<(String, PathBuf)>,
@@ -32,6 +34,19 @@ pub struct InputOptions {
     pub vocab: Option<u64>,
     /// Largest number of elements of one input tensor.
     pub max_elements: u64,
+}
+
+impl Default for InputOptions {
+    fn default() -> Self {
+        InputOptions {
+            npy: Vec::new(),
+            npz: None,
+            seed: 0,
+            dims: BTreeMap::new(),
+            vocab: None,
+            max_elements: attnrt_onnx::Limits::default().max_tensor_elements,
+        }
+    }
 }
 
 /// Inputs ready to run, with how each was obtained.

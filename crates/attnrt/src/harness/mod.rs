@@ -1,6 +1,6 @@
 //! The harness around a run: where inputs come from ([`inputs`], [`npy`]), how outputs are
 //! compared ([`diff`], with tolerances that follow the element type), timed ([`timing`]) and
-//! summarised ([`summary`]), and [`compare`]: the one pipeline "fuse → run fused → run unfused →
+//! summarised ([`summary`]), and [`compare()`]: the one pipeline "fuse → run fused → run unfused →
 //! diff → compare with expected outputs" that `attnrt run`, the model tests and the benches
 //! share, returning a serializable [`compare::Comparison`].
 //!

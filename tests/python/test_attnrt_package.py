@@ -1,0 +1,189 @@
+"""The `attnrt` Python package (crates/attnrt-python), as a user of onnxruntime would use it.
+
+scripts/test.sh builds the wheel with maturin, installs it into the test venv and runs this file
+with pytest (ATTNRT_BIN: the `attnrt` binary of the same build, for the CLI comparison).
+
+Tolerance against onnxruntime: |a - b| <= 1e-4 + 1e-4*|b| (both run float32; the exports agree
+with PyTorch to <= 6.2e-6 in onnxruntime, models/manifest.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import attnrt
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "models"
+MANIFEST = json.loads((MODELS / "manifest.json").read_text())["models"]
+ATOL = RTOL = 1e-4
+
+
+def cases():
+    for m in MANIFEST:
+        for c in m["cases"]:
+            yield pytest.param(m["file"], c["inputs_npz"], id=f"{m['file']}[{c['name']}]")
+
+
+def feeds(npz: str) -> dict:
+    with np.load(MODELS / npz) as d:
+        return {k: d[k] for k in d.files}
+
+
+@pytest.fixture(scope="module")
+def ort_sessions():
+    cache = {}
+
+    def get(file: str) -> ort.InferenceSession:
+        if file not in cache:
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = 2
+            cache[file] = ort.InferenceSession(str(MODELS / file), opts, providers=["CPUExecutionProvider"])
+        return cache[file]
+
+    return get
+
+
+@pytest.mark.parametrize("file,inputs_npz", list(cases()))
+def test_fused_outputs_equal_onnxruntime(file, inputs_npz, ort_sessions):
+    ref = ort_sessions(file)
+    sess = attnrt.InferenceSession(str(MODELS / file), threads=2)
+    # Swapping the class is all it takes: the same call, the same names, the same order.
+    feed = {i.name: v for i, v in zip(ref.get_inputs(), [feeds(inputs_npz)[i.name] for i in ref.get_inputs()])}
+    want = ref.run(None, feed)
+    got = sess.run(None, feed)
+    assert [o.name for o in sess.get_outputs()] == [o.name for o in ref.get_outputs()]
+    assert len(got) == len(want)
+    for name, g, w in zip([o.name for o in ref.get_outputs()], got, want):
+        assert g.dtype == w.dtype, name
+        np.testing.assert_allclose(g, w, atol=ATOL, rtol=RTOL, err_msg=f"{file} output {name}")
+
+
+def test_inputs_and_outputs_look_like_onnxruntime(ort_sessions):
+    file = "bert_eager.ts.onnx"
+    ref = ort_sessions(file)
+    sess = attnrt.InferenceSession(MODELS / file)
+    for mine, theirs in [(sess.get_inputs(), ref.get_inputs()), (sess.get_outputs(), ref.get_outputs())]:
+        assert [(a.name, a.shape, a.type) for a in mine] == [(a.name, a.shape, a.type) for a in theirs]
+    assert sess.fusion_report is not None and len(sess.fusion_report.blocks) == 2
+
+
+def test_one_session_serves_every_shape():
+    sess = attnrt.InferenceSession(MODELS / "mha_seed.ts.onnx", threads=1)
+    unfused = attnrt.InferenceSession(MODELS / "mha_seed.ts.onnx", fuse=False, threads=1)
+    rng = np.random.default_rng(0)
+    for shape in [(2, 10, 64), (1, 3, 64), (3, 17, 64)]:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        (y,) = sess.run(["output"], {"x": x})
+        (r,) = unfused.run(None, {"x": x})
+        assert y.shape == shape
+        np.testing.assert_allclose(y, r, atol=2e-5, rtol=1e-4)
+
+
+def test_report_matches_the_cli(tmp_path):
+    binary = os.environ.get("ATTNRT_BIN")
+    if not binary:
+        pytest.fail("ATTNRT_BIN is not set: run the suite with scripts/test.sh")
+    model = MODELS / "gpt2_cache_eager.ts.onnx"
+    out = tmp_path / "fused.onnx"
+    cli = subprocess.run([binary, "fuse", str(model), "-o", str(out), "--json"],
+                         capture_output=True, text=True, check=True)
+    cli_report = json.loads(cli.stdout)["report"]
+    fused, report = attnrt.fuse(model)
+    assert report.as_dict() == cli_report
+    assert fused == out.read_bytes()
+    # Bytes in, a path out: the written model is the same model.
+    path, again = attnrt.fuse(model.read_bytes(), output=tmp_path / "again.onnx")
+    assert Path(path).read_bytes() == fused and again.as_dict() == cli_report
+
+
+def test_fused_model_runs_in_onnxruntime(tmp_path):
+    model = MODELS / "bert_sdpa.ts.onnx"
+    path, report = attnrt.fuse(model, output=tmp_path / "fused.onnx")
+    assert len(report.blocks) == 2
+    feed = feeds("bert_sdpa.inputs.npz")
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feed)
+    got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feed)
+    np.testing.assert_allclose(got[0], want[0], atol=ATOL, rtol=RTOL)
+
+
+def test_explain_prints_every_near_miss(capsys):
+    _, report = attnrt.fuse(MODELS / "gpt2_cache_eager.ts.onnx", explain=True)
+    printed = capsys.readouterr().out
+    assert report.near_misses, "this export has blocks attnrt does not fuse today"
+    for m in report.near_misses:
+        assert m["node"] in printed and m["check"] in printed
+
+
+@pytest.mark.parametrize(
+    "source,message",
+    [
+        ("/nonexistent/model.onnx", "/nonexistent/model.onnx"),
+        (b"this is not an onnx model", "<bytes>"),
+        (str(MODELS), str(MODELS)),
+    ],
+)
+def test_bad_models_raise_a_clear_error(source, message):
+    with pytest.raises(attnrt.AttnrtError) as e:
+        attnrt.InferenceSession(source)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+    with pytest.raises(attnrt.AttnrtError):
+        attnrt.fuse(source)
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return attnrt.InferenceSession(MODELS / "bert_eager.ts.onnx"), feeds("bert_eager.inputs.npz")
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda f: {**f, "token_type_ids": f["input_ids"]}, "not an input of the model"),
+        (lambda f: {"input_ids": f["input_ids"]}, "input 'attention_mask' is not fed"),
+        (lambda f: {**f, "input_ids": f["input_ids"].astype(np.int32)}, "feed 'input_ids' is int32, the model declares int64"),
+        (lambda f: {**f, "input_ids": f["input_ids"][0]}, "feed 'input_ids' has shape"),
+        (lambda f: {**f, "input_ids": f["input_ids"].tolist()}, "not a numpy array"),
+        (lambda f: {**f, "input_ids": f["input_ids"][:, :5]}, "attention_mask"),
+    ],
+    ids=["unknown name", "missing input", "wrong dtype", "wrong rank", "not an array", "shapes disagree"],
+)
+def test_wrong_feeds_raise(bert, change, message):
+    sess, good = bert
+    with pytest.raises(attnrt.AttnrtError) as e:
+        sess.run(None, change(good))
+    assert message in str(e.value), str(e.value)
+
+
+def test_unknown_output_name_raises(bert):
+    sess, good = bert
+    with pytest.raises(attnrt.AttnrtError, match="not outputs of the model"):
+        sess.run(["logits"], good)
+
+
+def test_a_session_is_usable_from_several_threads(bert):
+    sess, good = bert
+    (want,) = sess.run(None, good)
+    rng = np.random.default_rng(1)
+    other = {"input_ids": rng.integers(0, 100, (1, 7)), "attention_mask": np.ones((1, 7), dtype=np.int64)}
+    (want_other,) = sess.run(None, other)
+    running = threading.Barrier(4)
+
+    def job(i: int):
+        running.wait()
+        feed = good if i % 2 == 0 else other
+        return i, sess.run(None, feed)[0]
+
+    with ThreadPoolExecutor(4) as pool:
+        for i, got in pool.map(job, range(4)):
+            np.testing.assert_array_equal(got, want if i % 2 == 0 else want_other)
