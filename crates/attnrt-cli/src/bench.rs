@@ -100,6 +100,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             "blocks_fused": blocks,
             "warmup": args.warmup,
             "reps": args.reps,
+            "build": crate::common::build_kind(),
             "fused": fused_t,
             "unfused": unfused_t,
             "speedup": speedup,
@@ -133,5 +134,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     println!(
         "speedup (median of per-round unfused/fused): {speedup:.2}x (quartiles {ratio_q1:.2}-{ratio_q3:.2})"
     );
+    if let Some(note) = crate::common::debug_build_note() {
+        println!("{note}");
+    }
     Ok(())
 }

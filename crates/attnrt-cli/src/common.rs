@@ -166,3 +166,18 @@ pub fn dims_line(p: &PreparedInputs) -> String {
 pub fn ops_json(c: &attnrt_runtime::OpCounts) -> serde_json::Value {
     serde_json::json!({"attention": c.attention, "projection": c.projection, "tract": c.tract})
 }
+
+/// `"debug"` or `"release"`: how this binary was built (`"build"` in `--json` reports).
+pub fn build_kind() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
+/// The line a text report prints under its timings when they come from a debug build.
+pub fn debug_build_note() -> Option<&'static str> {
+    cfg!(debug_assertions)
+        .then_some("note: debug build; timings are not meaningful (build with --release)")
+}

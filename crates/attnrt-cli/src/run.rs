@@ -209,6 +209,7 @@ fn json_report(
             "fused_build": build_ms(&cmp.fused),
             "unfused_build": build_ms(&cmp.unfused),
         },
+        "build": crate::common::build_kind(),
         "tolerance": headline_tolerance(cmp),
         "tolerance_source": match cmp.tolerance {
             ToleranceChoice::Fixed(_) => "flags",
@@ -281,6 +282,9 @@ fn print_text(
         (Some(f), None) => println!("time: fused {f}"),
         (None, Some(u)) => println!("time: unfused {u}"),
         (None, None) => {}
+    }
+    if let Some(note) = crate::common::debug_build_note() {
+        println!("{note}");
     }
     if all_diffs(cmp).next().is_some() {
         println!(

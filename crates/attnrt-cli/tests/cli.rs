@@ -365,3 +365,28 @@ fn bench_json_reports_both_paths_and_what_they_ran_on() {
     assert_eq!(v["ops"]["fused"]["attention"], 1, "{}", v["ops"]);
     assert_eq!(v["ops"]["unfused"]["attention"], 0, "{}", v["ops"]);
 }
+
+/// A debug build says its timings mean nothing, in text and in `--json` (`"build"`); the test
+/// binary is a debug build unless the suite runs with `--release`.
+#[test]
+fn timings_say_which_build_they_come_from() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/mha_seed.ts.onnx");
+    let debug = cfg!(debug_assertions);
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_attnrt"))
+        .args(["run", model])
+        .output()
+        .unwrap();
+    assert!(text.status.success());
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert_eq!(
+        stdout.contains("note: debug build; timings are not meaningful"),
+        debug,
+        "{stdout}"
+    );
+    let json = std::process::Command::new(env!("CARGO_BIN_EXE_attnrt"))
+        .args(["run", model, "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["build"], if debug { "debug" } else { "release" });
+}

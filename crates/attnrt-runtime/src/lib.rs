@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+mod lower;
 pub mod plan;
 pub mod projection;
 pub mod session;

@@ -622,11 +622,14 @@ fn key_str(key: &PlanKey) -> String {
 /// The model as tract's protobuf types, adjusted where tract reads ONNX differently from the
 /// spec or from exporters (see [`forget_declared_shapes`], [`scalar_pad_values`]).
 fn tract_proto(model: &ModelProto) -> Result<tract_onnx::pb::ModelProto> {
+    let opset = attnrt_onnx::opset::default_version(model).unwrap_or(1);
+    let identities = crate::lower::plan_identity_removal(model, opset);
     let bytes = model.encode_to_vec();
     let mut proto = tract_onnx::pb::ModelProto::decode(bytes.as_slice())?;
     drop(bytes);
     forget_declared_shapes(&mut proto);
     if let Some(g) = proto.graph.as_mut() {
+        crate::lower::remove_identities(g, &identities);
         scalar_pad_values(g);
     }
     Ok(proto)
