@@ -4,7 +4,7 @@
 The sibling of ``models/export.py`` for sizes that must never enter the repository (each file is
 0.4-0.6 GB).  Run by hand, in the torch venv, into a folder outside the repo::
 
-    python models/export_large.py --out /work/large-models                 # everything
+    python models/export_large.py --out ../large-models                   # everything
     python models/export_large.py --out DIR --only bert_base --exporter ts  # a subset
     python models/export_large.py --list
 

@@ -1,8 +1,7 @@
 //! ONNX Runtime in the same benchmark run: runs `benches/python/ort_bench.py` (which builds the
 //! same MHA layer with the onnx helper) and reads its JSON.
 //!
-//! The Python interpreter is `$ATTNRT_PYTHON`, else `/work/venv/bin/python` when it exists, else
-//! `python3`. ORT is optional: without onnxruntime the script exits with status 3 and the
+//! The Python interpreter is `$ATTNRT_PYTHON`, else `python3`. ORT is optional: without onnxruntime the script exits with status 3 and the
 //! benches print that ORT was skipped.
 
 use std::io::{BufRead, BufReader, Write};
@@ -24,12 +23,7 @@ pub fn python() -> PathBuf {
     if let Ok(p) = std::env::var("ATTNRT_PYTHON") {
         return PathBuf::from(p);
     }
-    let venv = Path::new("/work/venv/bin/python");
-    if venv.exists() {
-        venv.to_path_buf()
-    } else {
-        PathBuf::from("python3")
-    }
+    PathBuf::from("python3")
 }
 
 /// One timed case of the script.
