@@ -56,6 +56,11 @@ pub struct RunArgs {
     pub limits: LimitArgs,
 }
 
+/// What `attnrt run`'s times are: one first (cold) run of each path, which a small model's
+/// one-off costs (thread wake-up, first-touch allocations) dominate.
+const COLD_RUN_NOTE: &str =
+    "times are one cold run of each path; `attnrt bench` times warm runs, alternating the paths";
+
 fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(x), Ok(y)) => x == y,
@@ -210,6 +215,7 @@ fn json_report(
             "unfused_build": build_ms(&cmp.unfused),
         },
         "build": crate::common::build_kind(),
+        "time_note": COLD_RUN_NOTE,
         "tolerance": headline_tolerance(cmp),
         "tolerance_source": match cmp.tolerance {
             ToleranceChoice::Fixed(_) => "flags",
@@ -283,6 +289,7 @@ fn print_text(
         (None, Some(u)) => println!("time: unfused {u}"),
         (None, None) => {}
     }
+    println!("note: {COLD_RUN_NOTE}");
     if let Some(note) = crate::common::debug_build_note() {
         println!("{note}");
     }
