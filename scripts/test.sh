@@ -16,10 +16,12 @@ source scripts/python-env.sh
 # A one-off build gains nothing from incremental compilation and would keep ≈ 0.3 GB of its state.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 cargo test --workspace --locked
-# The Rust API's examples, run as a user would (each exits non-zero on a wrong result).
-cargo run --locked -q -p attnrt --example fuse_and_run -- models/bert_eager.ts.onnx \
+# The Rust API's examples, run as a user would (each exits non-zero on a wrong result). Built
+# with the whole workspace's features, so nothing is compiled again.
+cargo build --workspace --examples --locked -q
+target/debug/examples/fuse_and_run models/bert_eager.ts.onnx \
   models/bert_eager.inputs.npz models/bert_eager.outputs.npz
-cargo run --locked -q -p attnrt --example explain -- models/gpt2_cache_eager.ts.onnx >/dev/null
+target/debug/examples/explain models/gpt2_cache_eager.ts.onnx >/dev/null
 # The Python package: an abi3 wheel (dev profile: it reuses the build above), installed into the
 # test venv, tested with pytest.
 "$ATTNRT_PYTHON" -m maturin build -q --locked --profile dev -m crates/attnrt-python/Cargo.toml \
