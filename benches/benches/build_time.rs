@@ -22,42 +22,11 @@ use std::time::{Duration, Instant};
 use attnrt_benches::{env_list, fmt_opt, machine_note, median, Table};
 use attnrt_onnx::ModelProto;
 use attnrt_runtime::{NamedTensor, Session, SessionOptions, Tensor, Threads};
-use attnrt_testkit::{float_value, node, tensor_f32, GraphBuilder};
+use attnrt_testkit::node_chain;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 fn chain(n: usize, mixed: bool) -> ModelProto {
-    let mut g = GraphBuilder::new("chain");
-    g.input(float_value("x", &[4]));
-    for i in 0..n {
-        let input = if i == 0 {
-            "x".to_string()
-        } else {
-            format!("t{}", i - 1)
-        };
-        let output = if i == n - 1 {
-            "y".to_string()
-        } else {
-            format!("t{i}")
-        };
-        if mixed && i >= n / 2 {
-            let c = g.initializer(tensor_f32(&format!("c{i}"), &[4], &[1e-3; 4]));
-            g.node(node(
-                &format!("add{i}"),
-                "Add",
-                &[input.as_str(), c.as_str()],
-                &[output.as_str()],
-            ));
-        } else {
-            g.node(node(
-                &format!("id{i}"),
-                "Identity",
-                &[input.as_str()],
-                &[output.as_str()],
-            ));
-        }
-    }
-    g.output(float_value("y", &[4]));
-    g.into_model(17)
+    node_chain(n, if mixed { n / 2 } else { n })
 }
 
 fn build_and_run(model: &ModelProto, threads: &Threads) -> Duration {

@@ -5,7 +5,9 @@
 use attnrt_onnx::attr::make_int;
 use attnrt_onnx::{DataType, ModelProto};
 use attnrt_runtime::{NamedTensor, Session, SessionOptions, Tensor, Threads};
-use attnrt_testkit::{float_value, node, node_with_attrs, tensor_bool, tensor_f32, GraphBuilder};
+use attnrt_testkit::{
+    float_value, node, node_chain, node_with_attrs, tensor_bool, tensor_f32, GraphBuilder,
+};
 
 fn x() -> NamedTensor {
     NamedTensor {
@@ -77,29 +79,8 @@ fn an_inference_mode_dropout_given_as_constant_false_is_removed_too() {
 
 #[test]
 fn a_long_identity_chain_runs() {
-    let mut g = GraphBuilder::new("long");
-    g.input(float_value("x", &[4]));
     let n = 20_000;
-    for i in 0..n {
-        let input = if i == 0 {
-            "x".to_string()
-        } else {
-            format!("t{}", i - 1)
-        };
-        let output = if i == n - 1 {
-            "y".to_string()
-        } else {
-            format!("t{i}")
-        };
-        g.node(node(
-            &format!("id{i}"),
-            "Identity",
-            &[input.as_str()],
-            &[output.as_str()],
-        ));
-    }
-    g.output(float_value("y", &[4]));
-    let out = run(&g.into_model(17));
+    let out = run(&node_chain(n, n));
     assert_eq!(out[0].name, "y");
     assert_eq!(values(&out[0]), values(&x()));
 }

@@ -231,6 +231,34 @@ impl GraphBuilder {
     }
 }
 
+/// A chain of `n` nodes on one `float[4]` input `x` to the output `y` (ir_version 8, opset 17):
+/// `Identity` nodes, except that nodes from index `adds_from` on are `Add` nodes with one
+/// `float[4]` initializer each (1e-3). The graph-size benchmarks and tests build it.
+pub fn node_chain(n: usize, adds_from: usize) -> ModelProto {
+    let mut g = GraphBuilder::new("chain");
+    g.input(float_value("x", &[4]));
+    for i in 0..n {
+        let input = if i == 0 {
+            "x".to_string()
+        } else {
+            format!("t{}", i - 1)
+        };
+        let output = if i + 1 == n {
+            "y".to_string()
+        } else {
+            format!("t{i}")
+        };
+        if i >= adds_from {
+            let c = g.initializer(tensor_f32(&format!("c{i}"), &[4], &[1e-3; 4]));
+            g.node(node(&format!("add{i}"), "Add", &[&input, &c], &[&output]));
+        } else {
+            g.node(node(&format!("id{i}"), "Identity", &[&input], &[&output]));
+        }
+    }
+    g.output(float_value("y", &[4]));
+    g.into_model(17)
+}
+
 /// A `.npy` file (format 1.0) with dtype `descr` (`<f4`, `<i8`, ...), C order, `shape` and the
 /// raw little-endian `data` (not checked against the shape, so tests can truncate it).
 pub fn npy_bytes(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
