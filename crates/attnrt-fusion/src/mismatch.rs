@@ -61,6 +61,8 @@ pub enum Check {
     Strict,
     /// A mask layer is the causal triangle.
     Causal,
+    /// A decoder's cache joins can be produced by the fused node.
+    KvCache,
 }
 
 impl Check {
@@ -90,6 +92,7 @@ impl Check {
             Check::QkOutput => "qk-output",
             Check::Strict => "strict",
             Check::Causal => "causal",
+            Check::KvCache => "kv-cache",
         }
     }
 }

@@ -122,7 +122,7 @@ fn zero_like(graph: &GraphProto, fill: &str, zero: &str, new: &mut Inserted) -> 
 }
 
 /// ONNX Runtime wants the mask's last two axes to be `[Lq, Lk]` exactly: expands `mask` with
-/// the run-time lengths taken from Q and V.
+/// the run-time lengths taken from Q and V (and the past values, for a decoder with a cache).
 pub(super) fn expand(
     m: &AttentionMatch,
     mask: String,
@@ -143,13 +143,30 @@ pub(super) fn expand(
         names.fresh("Lq")?,
         shape_attrs(),
     );
-    let lk = new.node(
+    let mut lk = new.node(
         names.fresh("Lk_shape")?,
         "Shape",
         vec![m.v.clone()],
         names.fresh("Lk")?,
         shape_attrs(),
     );
+    if let Some(kv) = &m.kv_cache {
+        // The keys are the past's and this step's: Lk = P + L.
+        let past = new.node(
+            names.fresh("past_len_shape")?,
+            "Shape",
+            vec![kv.past_value.clone()],
+            names.fresh("past_len")?,
+            vec![attr::make_int("start", 2), attr::make_int("end", 3)],
+        );
+        lk = new.node(
+            names.fresh("total_len_add")?,
+            "Add",
+            vec![past, lk],
+            names.fresh("total_len")?,
+            vec![],
+        );
+    }
     let target = new.node(
         names.fresh("mask_shape_concat")?,
         "Concat",

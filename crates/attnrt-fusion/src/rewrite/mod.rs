@@ -2,10 +2,13 @@
 //!
 //! - this file: the `Attention` node, its K transpose and the batched 3-D wrapping;
 //! - `inserted`: fresh names and the nodes inserted;
+//! - `cache_shape`: `Shape` of a cache join the mask is computed from, recomputed from the
+//!   past's and this step's shapes;
 //! - `mask`: the `attn_mask` input built from the remaining mask layers;
 //! - `splice`: the matched nodes (and what they alone read) out, the new nodes in, the
 //!   graph's declarations tidied.
 
+mod cache_shape;
 mod inserted;
 mod mask;
 mod splice;
@@ -48,6 +51,12 @@ pub fn rewrite(graph: &mut GraphProto, m: &AttentionMatch, name: &str) -> Result
     };
     let mut inputs = vec![m.q.clone(), k, m.v.clone()];
     inputs.extend(mask);
+    if let Some(kv) = &m.kv_cache {
+        cache_shape::replace_readers(graph, kv, &names, &mut new)?;
+        // Inputs 4 and 5; an absent mask is the empty name.
+        inputs.resize(3 + 1, String::new());
+        inputs.extend([kv.past_key.clone(), kv.past_value.clone()]);
+    }
     attention_node(m, inputs, name, &names, &mut new)?;
     let removed = splice::splice(graph, m, new, name)?;
     Ok(Rewritten {
@@ -81,7 +90,8 @@ fn attributes(m: &AttentionMatch) -> Vec<AttributeProto> {
     attrs
 }
 
-/// The `Attention` node reading `inputs` (Q, K, V, optional mask), wrapped in
+/// The `Attention` node reading `inputs` (Q, K, V, optional mask, optional past key and
+/// value), wrapped in
 /// `Unsqueeze`/`Squeeze` for the batched layout.
 fn attention_node(
     m: &AttentionMatch,
@@ -115,11 +125,18 @@ fn attention_node(
         );
         output = y4;
     }
-    let outputs = match &m.qk_output {
-        // Outputs: Y, present_key, present_value (not produced), qk_matmul_output.
-        Some(tap) => vec![output, String::new(), String::new(), tap.tensor.clone()],
-        None => vec![output],
+    // Outputs: Y, present_key, present_value, qk_matmul_output; unproduced ones are empty.
+    let (present_key, present_value) = match &m.kv_cache {
+        Some(kv) => (kv.present_key.clone(), kv.present_value.clone()),
+        None => (String::new(), String::new()),
     };
+    let mut outputs = vec![output, present_key, present_value];
+    if let Some(tap) = &m.qk_output {
+        outputs.push(tap.tensor.clone());
+    }
+    while outputs.last().is_some_and(String::is_empty) {
+        outputs.pop();
+    }
     new.nodes.push(NodeProto {
         name: name.to_string(),
         op_type: "Attention".into(),

@@ -41,5 +41,6 @@ pub fn place(view: &GraphView, mut core: Core, k: KInput, s: &Shapes) -> Result<
         layout: Layout::Batched,
         heads: (None, None),
         core,
+        kv: None,
     })
 }

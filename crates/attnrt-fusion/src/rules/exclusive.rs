@@ -1,6 +1,7 @@
 //! Exclusivity: the fused node replaces the block's nodes, so none of their outputs may be read
-//! outside the block or be a graph output — except the block's own output and the
-//! `qk_matmul_output` tap, which the fused node produces.
+//! outside the block or be a graph output — except the block's own output, the
+//! `qk_matmul_output` tap and a decoder's cache joins (`present_*`), which the fused node
+//! produces.
 
 use attnrt_onnx::node_label;
 
@@ -22,7 +23,10 @@ pub fn check(view: &GraphView, p: &Placed, tap: Option<&str>) -> Result<(), Mism
     for &n in nodes {
         let at = || node_label(view.node(n));
         for o in &view.node(n).output {
-            if o == &p.output || o.is_empty() || tap == Some(o.as_str()) {
+            let present =
+                p.kv.as_ref()
+                    .is_some_and(|kv| o == &kv.present_key || o == &kv.present_value);
+            if o == &p.output || o.is_empty() || tap == Some(o.as_str()) || present {
                 continue;
             }
             if view.is_graph_output(o) {

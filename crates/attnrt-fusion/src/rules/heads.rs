@@ -5,21 +5,29 @@
 //! H_q = H_kv  |  H_kv = 1  |  H_q = n · H_kv after an un-repeated GQA repeat
 //! ```
 //!
-//! then the 3-D layout when the head split and merge around the core can be absorbed
-//! ([`super::three_d`]).
+//! then a decoder's cache joins taken over ([`super::kv_cache`]), then the 3-D layout when
+//! the head split and merge around the core can be absorbed ([`super::three_d`]).
 
 use attnrt_onnx::node_label;
 
 use super::core::Core;
 use super::gqa;
 use super::k_transpose::KInput;
+use super::kv_cache;
 use super::placed::{Layout, Placed, Shapes};
 use super::three_d;
 use crate::graph::{shape_str, GraphView};
 use crate::mismatch::{Check, Mismatch};
 
-/// Places a rank-4 core: grouped-query un-repeat, heads, then the 3-D layout when possible.
-pub fn place(view: &GraphView, mut core: Core, k: KInput, s: &Shapes) -> Result<Placed, Mismatch> {
+/// Places a rank-4 core: grouped-query un-repeat, heads, the cache joins (when
+/// `absorb_cache`), then the 3-D layout when possible.
+pub fn place(
+    view: &GraphView,
+    mut core: Core,
+    k: KInput,
+    s: &Shapes,
+    absorb_cache: bool,
+) -> Result<Placed, Mismatch> {
     let at = node_label(view.node(core.qk));
     let refuse = |check, expected: &str, found: String| Mismatch::new(&at, check, expected, found);
     let (mut k, mut v) = (k, core.v.clone());
@@ -87,7 +95,15 @@ pub fn place(view: &GraphView, mut core: Core, k: KInput, s: &Shapes) -> Result<
         layout: Layout::FourD,
         heads,
         core,
+        kv: None,
     };
+    if absorb_cache {
+        if let Some(kept) = kv_cache::absorb(view, &mut placed) {
+            placed.core.tags.push(kept);
+        }
+    }
+    // The joined and this step's V have the same heads and head size: the merge's check
+    // holds for either.
     three_d::absorb(view, &mut placed, qs, &v4);
     Ok(placed)
 }

@@ -23,13 +23,14 @@ pub struct MaskPlan {
 }
 
 /// Plans the masks of a block whose scores have shape `scores`. `qk_output_mode` is the
-/// block's `qk_matmul_output` stage, if one is produced; with `strict`, a causal proof that
-/// would add a caveat is not used.
+/// block's `qk_matmul_output` stage, if one is produced; `past_key` is the cache the fused node
+/// reads, if any; with `strict`, a causal proof that would add a caveat is not used.
 pub fn plan(
     view: &GraphView,
     masks: Vec<MaskLayer>,
     scores: &[Dim],
     qk_output_mode: Option<i64>,
+    past_key: Option<&str>,
     strict: bool,
     tags: &mut Vec<String>,
 ) -> Result<MaskPlan, Mismatch> {
@@ -46,6 +47,11 @@ pub fn plan(
             "is_causal not used: the block's qk_matmul_output (mode 2) must hold the mask as it is"
                 .to_string(),
         );
+    } else if let (Some(past), false) = (past_key, plan.masks.is_empty()) {
+        plan.causal_note = Some(format!(
+            "is_causal not used: with past_key '{past}' the op's causal frontier is offset by \
+             the past length (bottom-right), and attnrt proves only the top-left triangle"
+        ));
     } else if !plan.masks.is_empty() {
         plan.causal_note = Some(use_causal(view, &mut plan, &base, scores, strict, tags));
     }

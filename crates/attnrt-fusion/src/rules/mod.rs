@@ -4,8 +4,8 @@
 //! Softmax ─ core::match_core ──► Core         Q·Kᵀ → scale → softcap → mask → Softmax → ·V
 //!         ─ Shapes::of ────────► Shapes       ranks and shapes of Q, Kᵀ, V
 //!         ─ k_transpose ───────► KInput       K as the op reads it (source + perm)
-//!           (issue 16: a KV-cache stage goes here: Concat(past, new) → past/present)
-//!         ─ batched | heads ───► Placed       layout: 4-D, 3-D (heads absorbed), batched
+//!         ─ batched | heads ───► Placed       layout: 4-D (GQA un-repeated, cache joins
+//!                                             taken over: kv_cache), 3-D, batched
 //!         ─ qk_output::tap ────► QkTap        a scores tensor the op must also output
 //!         ─ mask_plan::plan ───► MaskPlan     is_causal, attn_mask, caveats
 //!         ─ exclusive ─────────► AttentionMatch
@@ -22,6 +22,7 @@ pub mod exclusive;
 pub mod gqa;
 pub mod heads;
 pub mod k_transpose;
+pub mod kv_cache;
 pub mod mask_layers;
 pub mod mask_plan;
 pub mod placed;
@@ -85,19 +86,38 @@ pub struct AttentionMatch {
     /// Static shapes known for Q, K, V inputs (recorded as value_info so ONNX shape inference
     /// can type the fused node when the graph itself does not say).
     pub input_shapes: Vec<(String, i32, Vec<Dim>)>,
+    /// A decoder's cache joins the fused node takes over (`past_*` in, `present_*` out).
+    pub kv_cache: Option<kv_cache::KvCache>,
 }
 
 /// Checks the attention rule rooted at the Softmax node `sm`. With `strict`, a causal proof
 /// that would add a caveat is not used (the mask is fused as it is).
 pub fn check(view: &GraphView, sm: usize, strict: bool) -> Result<AttentionMatch, Mismatch> {
+    match check_with(view, sm, strict, true) {
+        // The fused node cannot produce the cache joins its own inputs are computed from: the
+        // block still fuses, reading the joined K and V as a decoder without cache would.
+        Err(m) if m.check == Check::KvCache => {
+            let mut kept = check_with(view, sm, strict, false)?;
+            kept.tags.push(format!("cache-concat kept ({})", m.found));
+            Ok(kept)
+        }
+        other => other,
+    }
+}
+
+/// [`check`], taking a decoder's cache joins over when `absorb_cache`.
+fn check_with(
+    view: &GraphView,
+    sm: usize,
+    strict: bool,
+    absorb_cache: bool,
+) -> Result<AttentionMatch, Mismatch> {
     let core = core::match_core(view, sm)?;
     let shapes = Shapes::of(view, &core)?;
     let k = k_transpose::from_kt(view, &core.kt, shapes.rank());
-    // A decoder's KV cache (`Concat(past, new)` on K and V, issue 16) is one more stage here:
-    // it takes K and V, and hands them on without the Concat, with past/present for the op.
     let mut p = match shapes.rank() {
         3 => batched::place(view, core, k, &shapes)?,
-        _ => heads::place(view, core, k, &shapes)?,
+        _ => heads::place(view, core, k, &shapes, absorb_cache)?,
     };
     let qk_label = node_label(view.node(p.core.qk));
     let scores = view
@@ -118,10 +138,20 @@ pub fn check(view: &GraphView, sm: usize, strict: bool) -> Result<AttentionMatch
     }
     let masks = std::mem::take(&mut p.core.masks);
     let tap_mode = tap.as_ref().map(|t| t.mode);
-    let plan = mask_plan::plan(view, masks, &scores, tap_mode, strict, &mut p.core.tags)?;
+    let past = p.kv.as_ref().map(|kv| kv.past_key.as_str());
+    let plan = mask_plan::plan(
+        view,
+        masks,
+        &scores,
+        tap_mode,
+        past,
+        strict,
+        &mut p.core.tags,
+    )?;
     let head_size = shapes.q[shapes.rank() - 1].as_known();
     let scale_attr = p.core.scale.attribute(head_size, &mut p.core.tags);
     exclusive::check(view, &p, tap.as_ref().map(|t| t.tensor.as_str()))?;
+    kv_cache::check_acyclic(view, &mut p, &plan.masks)?;
     let input_shapes = [&p.q, &p.k.source, &p.v]
         .into_iter()
         .filter_map(|t| Some((t.clone(), view.elem_type(t)?, view.shape(t)?.to_vec())))
@@ -145,5 +175,6 @@ pub fn check(view: &GraphView, sm: usize, strict: bool) -> Result<AttentionMatch
         softcap: p.core.softcap,
         qk_output: tap,
         input_shapes,
+        kv_cache: p.kv,
     })
 }

@@ -5,6 +5,7 @@ use attnrt_onnx::node_label;
 
 use super::core::Core;
 use super::k_transpose::KInput;
+use super::kv_cache::KvCache;
 use crate::graph::{shape_str, Dim, GraphView};
 use crate::mismatch::{Check, Mismatch};
 
@@ -103,4 +104,6 @@ pub struct Placed {
     pub layout: Layout,
     /// Heads of Q and K/V, when known.
     pub heads: (Option<i64>, Option<i64>),
+    /// The cache joins the fused node takes over (K and V are then this step's).
+    pub kv: Option<KvCache>,
 }

@@ -87,6 +87,12 @@ pub(super) fn range(f: &mut Facts, n: &NodeProto) {
     let len = match (start.as_known(), limit.as_known(), delta.as_known()) {
         (Some(0), _, Some(1)) => limit,
         (Some(a), Some(b), Some(d)) if d != 0 => Dim::known(((b - a + d - d.signum()) / d).max(0)),
+        // `Range(P, P + L, 1)` (a decoder's positions): the difference, when it cannot be
+        // negative.
+        (_, _, Some(1)) => match limit.sub(&start) {
+            Some(len) if len.lower_bound().is_some() => len,
+            _ => return,
+        },
         _ => return,
     };
     f.copy_type(n);

@@ -182,8 +182,8 @@ fn int_arith(op: &str, x: &Dim, y: &Dim) -> Option<Dim> {
             (Some(p), Some(q)) if q != 0 => Dim::known(p / q),
             _ => x.div_exact(y)?,
         },
-        "Add" => Dim::known(x.as_known()?.checked_add(y.as_known()?)?),
-        "Sub" => Dim::known(x.as_known()?.checked_sub(y.as_known()?)?),
+        "Add" => x.add(y)?,
+        "Sub" => x.sub(y)?,
         "Mod" => {
             let (p, q) = (x.as_known()?, y.as_known()?);
             if q == 0 {
@@ -198,9 +198,10 @@ fn int_arith(op: &str, x: &Dim, y: &Dim) -> Option<Dim> {
 fn dims_equal(x: &Dim, y: &Dim) -> Option<bool> {
     Some(match (x.as_known(), y.as_known()) {
         (Some(p), Some(q)) => p == q,
-        // Symbols are positive sizes: never equal to a non-positive constant.
-        (None, Some(q)) | (Some(q), None) if q <= 0 => false,
         _ if x == y => true,
+        // Symbols are sizes (never negative): a sum of them is at least its constant term.
+        (None, Some(q)) if x.lower_bound().is_some_and(|b| b > q) => false,
+        (Some(q), None) if y.lower_bound().is_some_and(|b| b > q) => false,
         _ => return None,
     })
 }

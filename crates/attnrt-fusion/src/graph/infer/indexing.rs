@@ -9,8 +9,8 @@ use super::facts::{axis, Facts};
 use crate::graph::dim::Dim;
 use crate::graph::value::Value;
 
-/// `Concat(axis)`: shape vectors are joined as values; other tensors by shape, when every
-/// size along the axis is known.
+/// `Concat(axis)`: shape vectors are joined as values; other tensors by shape (the sizes
+/// along the axis add up, symbolically for a cache's `past + new`).
 pub(super) fn concat(f: &mut Facts, n: &NodeProto) {
     let Ok(Some(ax)) = attr::int(n, "axis") else {
         return;
@@ -45,7 +45,7 @@ fn concat_shape(shapes: &[Vec<Dim>], ax: i64) -> Option<Vec<Dim>> {
     if !(0..first.len() as i64).contains(&ax) {
         return None;
     }
-    let mut total = 0i64;
+    let mut total = Dim::known(0);
     for s in shapes {
         if s.len() != first.len() {
             return None;
@@ -55,10 +55,10 @@ fn concat_shape(shapes: &[Vec<Dim>], ax: i64) -> Option<Vec<Dim>> {
                 return None;
             }
         }
-        total += s[ax as usize].as_known()?;
+        total = total.add(&s[ax as usize])?;
     }
     let mut out = first.clone();
-    out[ax as usize] = Dim::known(total);
+    out[ax as usize] = total;
     Some(out)
 }
 
