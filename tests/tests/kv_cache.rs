@@ -26,9 +26,11 @@ const FUSED_VS_UNFUSED: Tolerance = Tolerance {
 const STEPS: [(usize, usize); 3] = [(0, 4), (5, 3), (7, 1)];
 const BATCH: usize = 2;
 
-const MASKS: [CacheMask; 4] = [
+const MASKS: [CacheMask; 6] = [
     CacheMask::None,
     CacheMask::CausalFromPresentShape,
+    CacheMask::WindowFromPresentShape,
+    CacheMask::TopLeftFromPresentShape,
     CacheMask::PaddingBias,
     CacheMask::FromPresentValues,
 ];

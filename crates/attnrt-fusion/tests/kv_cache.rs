@@ -39,6 +39,7 @@ fn the_cache_joins_become_past_inputs_and_present_outputs() {
     for mask in [
         CacheMask::None,
         CacheMask::CausalFromPresentShape,
+        CacheMask::WindowFromPresentShape,
         CacheMask::PaddingBias,
     ] {
         let f = fused(mask);
@@ -66,19 +67,42 @@ fn the_cache_joins_become_past_inputs_and_present_outputs() {
 }
 
 #[test]
-fn a_shape_of_the_join_is_computed_from_the_past_and_new_shapes() {
+fn a_bottom_right_causal_mask_becomes_is_causal_with_the_past() {
     let f = fused(CacheMask::CausalFromPresentShape);
+    let att = nodes(&f, "Attention")[0];
+    assert_eq!(att.input[3], "", "the mask is gone");
+    let b = &f.report.blocks[0];
+    assert!(b.is_causal);
+    let note = b.causal_note.as_deref().unwrap_or_default();
+    assert!(note.contains("masks key j > query i + P"), "{note}");
+}
+
+#[test]
+fn a_top_left_triangle_is_a_near_miss_by_the_past_length() {
+    let f = fused(CacheMask::TopLeftFromPresentShape);
+    let b = &f.report.blocks[0];
+    assert!(!b.is_causal);
+    let note = b.causal_note.as_deref().unwrap_or_default();
+    assert!(
+        note.contains("off the causal diagonal by -P") && note.contains("j ≤ i + P"),
+        "{note}"
+    );
+}
+
+#[test]
+fn a_shape_of_the_join_is_computed_from_the_past_and_new_shapes() {
+    let f = fused(CacheMask::WindowFromPresentShape);
     let shapes = nodes(&f, "Shape");
     assert!(
         shapes.iter().all(|n| n.input[0] != "present_key"),
         "a Shape still reads the join the fused node produces"
     );
     assert!(shapes.iter().any(|n| n.input[0] == "past_key"));
-    // The mask stays a tensor: with past_key the op's causal rule is offset by the past.
+    // A window is not the op's causal rule: the mask stays a tensor.
     let b = &f.report.blocks[0];
     assert!(!b.is_causal);
     let note = b.causal_note.as_deref().unwrap_or_default();
-    assert!(note.contains("with past_key 'past_key'"), "{note}");
+    assert!(note.contains("combines two triangles"), "{note}");
 }
 
 #[test]

@@ -36,6 +36,13 @@ pub enum CacheMask {
     /// `Where(Range(0, T) ≤ Range(T − L, T)ᵀ, scores, finfo.min)` with `T` read from
     /// `Shape(present_key)`.
     CausalFromPresentShape,
+    /// The same rule and `Range(0, T) > Range(T − L, T)ᵀ − 3` (a sliding window of 3 keys, as
+    /// Mistral's): not the op's causal rule, so the mask stays a tensor computed from the join's
+    /// shape.
+    WindowFromPresentShape,
+    /// `Where(Range(0, T) ≤ Range(0, L)ᵀ, scores, finfo.min)`: the top-left triangle, which is
+    /// not the op's causal rule once a past is given (a near miss by the past length).
+    TopLeftFromPresentShape,
     /// `scores + Transpose(ReduceMean(present_key, [1, 3]))`: a term computed from the joined
     /// keys' values.
     FromPresentValues,
@@ -75,7 +82,9 @@ pub fn cache_block(mask: CacheMask) -> ModelProto {
     let s = g.op("Div", "scale", &[&s, &sqrt_d], vec![]);
     let s = match mask {
         CacheMask::None => s,
-        CacheMask::CausalFromPresentShape => g.causal_from_shape(&s, &q, &present_k),
+        CacheMask::CausalFromPresentShape => g.causal_from_shape(&s, &q, &present_k, None),
+        CacheMask::WindowFromPresentShape => g.causal_from_shape(&s, &q, &present_k, Some(3)),
+        CacheMask::TopLeftFromPresentShape => g.top_left(&s, &q, &present_k),
         CacheMask::FromPresentValues => g.term_from_values(&s, &present_k),
         CacheMask::PaddingBias => g.padding_bias(&s),
     };
@@ -163,8 +172,15 @@ impl Layer {
     }
 
     /// The causal rule from positions: `keys = Range(0, total)`, `queries = Range(total − L,
-    /// total)`, `Where(keys ≤ queries, scores, finfo.min)` with `total` read from the join.
-    fn causal_from_shape(&mut self, scores: &str, q: &str, present_k: &str) -> String {
+    /// total)`, `Where(keys ≤ queries, scores, finfo.min)` with `total` read from the join;
+    /// with a `window`, also `keys > queries − window`.
+    fn causal_from_shape(
+        &mut self,
+        scores: &str,
+        q: &str,
+        present_k: &str,
+        window: Option<i64>,
+    ) -> String {
         let total = self.size(present_k, 2, "total");
         let lq = self.size(q, 2, "lq");
         let start = self.op("Sub", "start", &[&total, &lq], vec![]);
@@ -180,6 +196,30 @@ impl Layer {
         );
         let keys = self.op("Range", "keys", &[&zero, &total, &one], vec![]);
         let queries = self.op("Range", "queries", &[&start, &total, &one], vec![]);
+        let ax1 = self.g.initializer(tensor_i64_1d("ax1", &[1]));
+        let queries = self.op("Unsqueeze", "queries_col", &[&queries, &ax1], vec![]);
+        let mut visible = self.op("LessOrEqual", "visible", &[&keys, &queries], vec![]);
+        if let Some(w) = window {
+            let w = self.g.initializer(tensor_i64("window", &[], &[w]));
+            let oldest = self.op("Sub", "oldest", &[&queries, &w], vec![]);
+            let recent = self.op("Greater", "recent", &[&keys, &oldest], vec![]);
+            visible = self.op("And", "in_window", &[&visible, &recent], vec![]);
+        }
+        let fill = self.g.initializer(tensor_f32("fill", &[], &[f32::MIN]));
+        self.op("Where", "mask", &[&visible, scores, &fill], vec![])
+    }
+
+    /// `Where(Range(0, total) ≤ Range(0, L)ᵀ, scores, finfo.min)`.
+    fn top_left(&mut self, scores: &str, q: &str, present_k: &str) -> String {
+        let total = self.size(present_k, 2, "total");
+        let lq = self.size(q, 2, "lq");
+        let zero = self.g.initializer(tensor_i64("zero", &[], &[0]));
+        let one = self.g.initializer(tensor_i64("one", &[], &[1]));
+        let axes = self.g.initializer(tensor_i64_1d("axes_scalars", &[0]));
+        let total = self.op("Squeeze", "total0", &[&total, &axes], vec![]);
+        let lq = self.op("Squeeze", "lq0", &[&lq, &axes], vec![]);
+        let keys = self.op("Range", "keys", &[&zero, &total, &one], vec![]);
+        let queries = self.op("Range", "queries", &[&zero, &lq, &one], vec![]);
         let ax1 = self.g.initializer(tensor_i64_1d("ax1", &[1]));
         let queries = self.op("Unsqueeze", "queries_col", &[&queries, &ax1], vec![]);
         let visible = self.op("LessOrEqual", "visible", &[&keys, &queries], vec![]);

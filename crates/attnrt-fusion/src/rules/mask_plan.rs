@@ -47,13 +47,15 @@ pub fn plan(
             "is_causal not used: the block's qk_matmul_output (mode 2) must hold the mask as it is"
                 .to_string(),
         );
-    } else if let (Some(past), false) = (past_key, plan.masks.is_empty()) {
-        plan.causal_note = Some(format!(
-            "is_causal not used: with past_key '{past}' the op's causal frontier is offset by \
-             the past length (bottom-right), and attnrt proves only the top-left triangle"
-        ));
     } else if !plan.masks.is_empty() {
-        plan.causal_note = Some(use_causal(view, &mut plan, &base, scores, strict, tags));
+        let past = match past_key {
+            None => Ok(None),
+            Some(p) => past_length(view, p).map(Some),
+        };
+        plan.causal_note = Some(match past {
+            Ok(past) => use_causal(view, &mut plan, &base, scores, past.as_ref(), strict, tags),
+            Err(note) => note,
+        });
     }
     if !plan.is_causal {
         plan.caveats.extend(base);
@@ -63,16 +65,30 @@ pub fn plan(
     Ok(plan)
 }
 
-/// Tries the causal proof; on success replaces the proven layer in `plan`. Returns the note.
+/// The past length (axis 2 of `past_key [B, Hkv, P, D]`), which offsets the op's causal
+/// frontier; the note when it is not known.
+fn past_length(view: &GraphView, past_key: &str) -> Result<Dim, String> {
+    match view.shape(past_key) {
+        Some(s) if s.len() == 4 => Ok(s[2].clone()),
+        _ => Err(format!(
+            "is_causal not used: the shape of past_key '{past_key}' is unknown (the op's causal \
+             frontier is offset by the past length)"
+        )),
+    }
+}
+
+/// Tries the causal proof (frontier offset by `past` when the fused node reads a cache); on
+/// success replaces the proven layer in `plan`. Returns the note.
 fn use_causal(
     view: &GraphView,
     plan: &mut MaskPlan,
     base: &[String],
     scores: &[Dim],
+    past: Option<&Dim>,
     strict: bool,
     tags: &mut Vec<String>,
 ) -> String {
-    let proof = match causal::prove(view, &plan.masks, scores) {
+    let proof = match causal::prove(view, &plan.masks, scores, past) {
         Ok(p) => p,
         Err(why) => return format!("is_causal not used: {}", joined(&why)),
     };

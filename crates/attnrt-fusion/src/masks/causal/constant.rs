@@ -82,6 +82,7 @@ pub(super) fn constant_tri(view: &GraphView, t: &str, v: &Value) -> Result<Tri, 
         above,
         rows: Dim::known(rows),
         cols: Dim::known(cols),
+        diagonal: Dim::known(0),
         how: format!("constant {what} {rows}×{cols}"),
     })
 }

@@ -11,10 +11,12 @@ use crate::mismatch::{Check, Mismatch};
 pub(super) const STRONG_FILL: f64 = -1e30;
 
 /// What a mask proof is held against.
-const CAUSAL_RULE: &str = "the causal rule (key j visible iff j ≤ query i)";
+const CAUSAL_RULE: &str = "the causal rule (key j visible iff j ≤ query i + past length)";
 
-/// A tensor whose last two axes hold `below` where `j ≤ i` (on and below the diagonal) and
-/// `above` where `j > i`, the same for every index of the leading axes. Booleans are 0/1.
+/// A tensor whose last two axes hold `below` where `j ≤ i + diagonal` (on and below the
+/// diagonal) and `above` where `j > i + diagonal`, the same for every index of the leading
+/// axes. Booleans are 0/1. The diagonal is 0 for an encoder's (top-left) triangle and the past
+/// length for a decoder's with a cache (bottom-right).
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Tri {
     pub below: f64,
@@ -23,6 +25,8 @@ pub(super) struct Tri {
     pub rows: Dim,
     /// Size of the key axis (`j` ranges over `0..cols`).
     pub cols: Dim,
+    /// Where the frontier runs: key `j` is on/below it iff `j - i ≤ diagonal`.
+    pub diagonal: Dim,
     /// How the triangle was proven (for the report).
     pub how: String,
 }
@@ -112,6 +116,14 @@ pub(super) fn strong(f: f64) -> bool {
 pub(super) fn last2(view: &GraphView, t: &str) -> Option<(Dim, Dim)> {
     let s = view.shape(t)?;
     (s.len() >= 2).then(|| (s[s.len() - 2].clone(), s[s.len() - 1].clone()))
+}
+
+/// The single integer `t` holds, possibly symbolic (a length read from a shape).
+pub(super) fn int_dim(view: &GraphView, t: &str) -> Option<Dim> {
+    match view.value(t)? {
+        Value::Ints(_, x) if x.len() == 1 => Some(x[0].clone()),
+        _ => None,
+    }
 }
 
 /// The single known integer `t` holds.

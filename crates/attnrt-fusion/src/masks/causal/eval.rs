@@ -8,7 +8,7 @@ use attnrt_onnx::{attr, node_label, DataType, NodeProto};
 use super::constant::{constant_tri, uniform_value};
 use super::domain::{known_int, last2, refuse, strong, Rest, Sym, Tri, MAX_DEPTH};
 use super::positions::compare;
-use crate::graph::{tensor_value, tensor_value_limited, GraphView, Value};
+use crate::graph::{tensor_value, tensor_value_limited, Dim, GraphView, Value};
 use crate::masks::fill_str;
 use crate::mismatch::Mismatch;
 
@@ -274,6 +274,7 @@ impl Eval<'_, '_> {
             above,
             rows,
             cols,
+            diagonal: Dim::known(0),
             how: format!("Trilu(upper={}, k={k}) of a uniform {v}", upper as u8),
         }))
     }

@@ -52,11 +52,14 @@ pub fn is_zero(view: &GraphView, t: &str) -> bool {
 }
 
 /// Tries each mask layer in turn; the first that is (or contains) the causal triangle wins.
-/// `scores` is the shape of the QK scores (`[.., Lq, Lk]`). On failure, why each layer is not.
+/// `scores` is the shape of the QK scores (`[.., Lq, Lk]`); `past` is the past length when the
+/// fused node reads a cache (its `is_causal` frontier is then `j ≤ i + past`, bottom-right),
+/// `None` without (`j ≤ i`, and then Lq must equal Lk). On failure, why each layer is not.
 pub fn prove(
     view: &GraphView,
     masks: &[MaskLayer],
     scores: &[Dim],
+    past: Option<&Dim>,
 ) -> Result<CausalProof, Vec<Mismatch>> {
     let r = scores.len();
     if r < 2 {
@@ -83,7 +86,10 @@ pub fn prove(
                     shape_str(scores)
                 ),
             )),
-            Ok((tri, _, _)) if lq != lk => why.push(refuse(
+            Ok((tri, _, _)) if Some(&tri.diagonal) != past.or(Some(&Dim::known(0))) => {
+                why.push(off_diagonal(at, &tri, past))
+            }
+            Ok((tri, _, _)) if past.is_none() && lq != lk => why.push(refuse(
                 at,
                 format!(
                     "the triangle ({}) is causal but Lq {lq} and Lk {lk} are not provably equal \
@@ -96,6 +102,37 @@ pub fn prove(
         }
     }
     Err(why)
+}
+
+/// Why a triangle whose frontier is not the op's (`j ≤ i`, or `j ≤ i + past`) is refused.
+fn off_diagonal(at: String, tri: &Tri, past: Option<&Dim>) -> Mismatch {
+    let by = match past {
+        None => tri.diagonal.clone(),
+        Some(p) => tri.diagonal.sub(p).unwrap_or_else(|| tri.diagonal.clone()),
+    };
+    let by = match by.as_known() {
+        Some(1) => "one".to_string(),
+        _ => by.to_string(),
+    };
+    let op = match past {
+        None => "j ≤ i".to_string(),
+        Some(p) => format!("j ≤ i + {p} (bottom-right, with the past length)"),
+    };
+    refuse(
+        at,
+        format!(
+            "keeps key j iff j - i ≤ {} ({}): off the causal diagonal by {by}; the op's is {op}",
+            tri.diagonal, tri.how
+        ),
+    )
+}
+
+/// ` + P` for a frontier offset by a past length `P`, nothing for the top-left one.
+fn frontier(tri: &Tri) -> String {
+    match tri.diagonal.as_known() {
+        Some(0) => String::new(),
+        _ => format!(" + {}", tri.diagonal),
+    }
 }
 
 /// The proof for layer `i` (`m`, labelled `at`) of `layers` mask layers.
@@ -141,7 +178,11 @@ fn proof(i: usize, m: &MaskLayer, at: &str, proven: Proven, layers: usize) -> Ca
         layer: i,
         caveat,
         replacement,
-        how: format!("{at} masks key j > query i ({}){with}", tri.how),
+        how: format!(
+            "{at} masks key j > query i{} ({}){with}",
+            frontier(&tri),
+            tri.how
+        ),
     }
 }
 

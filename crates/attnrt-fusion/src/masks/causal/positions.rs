@@ -3,18 +3,18 @@
 
 use attnrt_onnx::{attr, node_label};
 
-use super::domain::{known_int, refuse, Sym, Tri, MAX_DEPTH};
+use super::domain::{int_dim, known_int, refuse, Sym, Tri, MAX_DEPTH};
 use crate::graph::{Dim, GraphView, Value};
 use crate::mismatch::Mismatch;
 
-/// `Range(start, L, 1)` (plus a constant) laid out along one axis: element value =
-/// position along that axis + `offset`.
+/// `Range(start, L, 1)` (plus an integer, possibly a length read from a shape such as the
+/// past length) laid out along one axis: element value = position along that axis + `offset`.
 #[derive(Clone, Debug)]
 struct Index {
     /// The axis, counted from the last (0) — broadcasting aligns axes from the end.
     from_end: usize,
     len: Dim,
-    offset: i64,
+    offset: Dim,
 }
 
 /// `t` as an arange laid out on one axis.
@@ -47,11 +47,12 @@ fn index(view: &GraphView, t: &str, depth: usize) -> Result<Index, Mismatch> {
     }
     match n.op_type.as_str() {
         "Range" => {
-            let (start, delta) = (known_int(view, input(0)), known_int(view, input(2)));
+            let (start, delta) = (int_dim(view, input(0)), known_int(view, input(2)));
             if delta != Some(1) {
                 return Err(refuse(&at, "delta is not the constant 1"));
             }
-            let start = start.ok_or_else(|| refuse(&at, "start is not a known integer"))?;
+            let start =
+                start.ok_or_else(|| refuse(&at, "start is not an integer known from shapes"))?;
             let len = view
                 .shape(t)
                 .and_then(|s| s.first().cloned())
@@ -65,16 +66,23 @@ fn index(view: &GraphView, t: &str, depth: usize) -> Result<Index, Mismatch> {
         "Identity" | "Cast" => index(view, input(0), depth + 1),
         "Add" | "Sub" => {
             let (a, b) = (input(0), input(1));
-            let (idx, c, sign) = match (known_int(view, a), known_int(view, b)) {
-                (None, Some(c)) => (a, c, if n.op_type == "Sub" { -1 } else { 1 }),
-                (Some(c), None) if n.op_type == "Add" => (b, c, 1),
-                _ => return Err(refuse(&at, "not an index plus a known integer")),
+            let (idx, c, sub) = match (int_dim(view, a), int_dim(view, b)) {
+                (None, Some(c)) => (a, c, n.op_type == "Sub"),
+                (Some(c), None) if n.op_type == "Add" => (b, c, false),
+                _ => {
+                    return Err(refuse(
+                        &at,
+                        "not an index plus an integer known from shapes",
+                    ))
+                }
             };
             let mut i = index(view, idx, depth + 1)?;
-            i.offset = i
-                .offset
-                .checked_add(sign * c)
-                .ok_or_else(|| refuse(&at, "offset overflows"))?;
+            let moved = if sub {
+                i.offset.sub(&c)
+            } else {
+                i.offset.add(&c)
+            };
+            i.offset = moved.ok_or_else(|| refuse(&at, "offset overflows"))?;
             Ok(i)
         }
         "Unsqueeze" => unsqueezed(view, n, &at, t, index(view, input(0), depth + 1)?),
@@ -158,7 +166,7 @@ pub(super) fn compare(view: &GraphView, t: &str) -> Result<Sym, Mismatch> {
         // a = j + oa, b = i + ob:  j + oa OP i + ob  ⇔  j - i OP ob - oa.
         (0, 1) => (
             n.op_type.as_str(),
-            b.offset.checked_sub(a.offset).ok_or_else(overflow)?,
+            b.offset.sub(&a.offset).ok_or_else(overflow)?,
             &a,
             &b,
         ),
@@ -172,7 +180,7 @@ pub(super) fn compare(view: &GraphView, t: &str) -> Result<Sym, Mismatch> {
             };
             (
                 mirrored,
-                a.offset.checked_sub(b.offset).ok_or_else(overflow)?,
+                a.offset.sub(&b.offset).ok_or_else(overflow)?,
                 &b,
                 &a,
             )
@@ -188,41 +196,29 @@ pub(super) fn compare(view: &GraphView, t: &str) -> Result<Sym, Mismatch> {
             ))
         }
     };
-    let (below, above) = triangle_of(&at, op, d)?;
+    let (below, above, diagonal) = triangle_of(&at, op, &d)?;
     Ok(Sym::Tri(Tri {
         below,
         above,
         rows: i.len.clone(),
         cols: j.len.clone(),
+        diagonal,
         how: format!("{} of key and query positions", n.op_type),
     }))
 }
 
-/// `j - i OP d` as (value on/below the diagonal, value above), when it is exactly the causal
-/// rule or its negation.
-fn triangle_of(at: &str, op: &str, d: i64) -> Result<(f64, f64), Mismatch> {
-    // Integer relations as `j - i ≤ c` (true on and below the diagonal when c = 0) or
-    // `j - i ≥ c` (true above the diagonal when c = 1).
+/// `j - i OP d` as (value on/below the frontier, value above, the frontier `c` of
+/// `j - i ≤ c`); which frontier the op can take is decided by the caller.
+fn triangle_of(at: &str, op: &str, d: &Dim) -> Result<(f64, f64, Dim), Mismatch> {
+    // Integer relations as `j - i ≤ c` (true on and below the frontier) or `j - i ≥ c + 1`
+    // (true above it).
+    let one = Dim::known(1);
     let (le, c) = match op {
-        "LessOrEqual" => (true, Some(d)),
-        "Less" => (true, d.checked_sub(1)),
-        "GreaterOrEqual" => (false, Some(d)),
-        _ => (false, d.checked_add(1)),
+        "LessOrEqual" => (true, Some(d.clone())),
+        "Less" => (true, d.sub(&one)),
+        "GreaterOrEqual" => (false, d.sub(&one)),
+        _ => (false, Some(d.clone())),
     };
     let c = c.ok_or_else(|| refuse(at, "offsets overflow"))?;
-    match (le, c) {
-        (true, 0) => Ok((1.0, 0.0)),
-        (false, 1) => Ok((0.0, 1.0)),
-        (true, c) => Err(refuse(
-            at,
-            format!("keeps key j iff j - i ≤ {c}: off the causal diagonal by {c}"),
-        )),
-        (false, c) => Err(refuse(
-            at,
-            format!(
-                "masks key j iff j - i ≥ {c}: off the causal diagonal by {}",
-                c.saturating_sub(1)
-            ),
-        )),
-    }
+    Ok(if le { (1.0, 0.0, c) } else { (0.0, 1.0, c) })
 }
