@@ -35,6 +35,9 @@ pub struct BenchArgs {
     /// Fuse only blocks whose fused form is exact on every input (no caveats).
     #[arg(long)]
     pub strict: bool,
+    /// Leave GELU activations as they are (by default their exported forms become one `Gelu`).
+    #[arg(long)]
+    pub no_gelu: bool,
     #[command(flatten)]
     pub input: InputArgs,
     #[command(flatten)]
@@ -55,6 +58,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         &loaded.model,
         &FusionOptions {
             strict: args.strict,
+            gelu: !args.no_gelu,
         },
     )
     .with_context(|| format!("{name}: fusion failed"))?;

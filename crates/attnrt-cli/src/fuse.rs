@@ -38,6 +38,9 @@ pub struct FuseArgs {
     /// Fuse only blocks whose fused form is exact on every input (no caveats).
     #[arg(long)]
     pub strict: bool,
+    /// Leave GELU activations as they are (by default their exported forms become one `Gelu`).
+    #[arg(long)]
+    pub no_gelu: bool,
     /// Store tensors of at least this many bytes in `<output>.data` beside the model.
     #[arg(long, value_name = "BYTES")]
     pub external_data_threshold: Option<usize>,
@@ -92,6 +95,7 @@ pub fn fuse(args: FuseArgs) -> Result<()> {
         &loaded.model,
         &FusionOptions {
             strict: args.strict,
+            gelu: !args.no_gelu,
         },
     )
     .with_context(|| format!("{}: fusion failed", args.model.display()))?;

@@ -49,6 +49,9 @@ pub struct RunArgs {
     /// Fuse only blocks whose fused form is exact on every input (no caveats).
     #[arg(long)]
     pub strict: bool,
+    /// Leave GELU activations as they are (by default their exported forms become one `Gelu`).
+    #[arg(long)]
+    pub no_gelu: bool,
     /// Also diff the outputs against saved reference outputs (e.g. models/*.outputs.npz).
     #[arg(long, value_name = "FILE.npz")]
     pub expect: Option<PathBuf>,
@@ -92,6 +95,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         no_fuse: args.no_fuse,
         no_diff: args.no_diff,
         strict: args.strict,
+        no_gelu: args.no_gelu,
         tolerance,
         expect_tolerance: None,
         backend: args.matmul.backend(),

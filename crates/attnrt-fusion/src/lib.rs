@@ -22,11 +22,13 @@
 //! - [`rules`]: the attention rule as small staged rules, one file per piece
 //!   (`crates/attnrt-fusion/RULES.md` maps each file to the subgraph it matches);
 //! - [`rewrite`]: emission and cleanup;
+//! - [`activations`]: the GELU pass after attention (one ONNX `Gelu` per exported GELU);
 //! - [`report`]: the report and its text; [`upgrade`]: the opset raise; [`text`]: snapshots,
 //!   DOT.
 
 #![warn(missing_docs)]
 
+pub mod activations;
 pub mod graph;
 pub mod masks;
 pub mod mismatch;
@@ -45,17 +47,28 @@ pub use report::{Fused, FusedBlock, FusionReport, NearMiss};
 pub use text::{block_dot, structure_text};
 
 /// Options of [`fuse`].
-#[derive(Default, Clone, Debug)]
+#[derive(Clone, Debug)]
 pub struct FusionOptions {
     /// Refuse blocks whose fusion has caveats (results that differ from the original on edge
     /// inputs, such as rows where every key is masked).
     pub strict: bool,
+    /// Also fuse GELU in its exported forms into ONNX `Gelu` ([`activations`]); on by default.
+    pub gelu: bool,
+}
+
+impl Default for FusionOptions {
+    fn default() -> Self {
+        FusionOptions {
+            strict: false,
+            gelu: true,
+        }
+    }
 }
 
 /// The opset the `Attention` op needs.
 pub const ATTENTION_OPSET: i64 = 23;
 
-/// Finds and fuses the attention blocks of `model`.
+/// Finds and fuses the attention blocks of `model`, then (with `options.gelu`) its GELUs.
 pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
     validate_model(model).context("the input model is not valid")?;
     let opset_before = opset::default_version(model).unwrap_or(1);
@@ -64,15 +77,80 @@ pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
         opset_after: opset_before,
         ..Default::default()
     };
-    let unchanged = |report| {
-        Ok(Fused {
-            model: model.clone(),
-            report,
-        })
+    let attention = fuse_attention(model, options, &mut report)?;
+    let base = attention.as_ref().unwrap_or(model);
+    let gelu = match options.gelu {
+        true => fuse_gelu(base, &mut report)?,
+        false => None,
     };
-    let candidates = candidates(model, opset_before, options, &mut report)?;
+    match gelu.or(attention) {
+        Some(model) => Ok(Fused { model, report }),
+        None => {
+            report.opset_after = opset_before;
+            Ok(Fused {
+                model: model.clone(),
+                report,
+            })
+        }
+    }
+}
+
+/// The GELU pass on `model` (see [`activations`]): the model with every GELU fused, or
+/// `None` when there is none (near misses recorded either way).
+fn fuse_gelu(model: &ModelProto, report: &mut FusionReport) -> Result<Option<ModelProto>> {
+    let graph = model.graph.as_ref().context("the model has no graph")?;
+    let opset_now = opset::default_version(model).unwrap_or(1);
+    let found = activations::find(graph, opset_now)?;
+    for (anchor, m) in found.misses {
+        report
+            .near_misses
+            .push(NearMiss::of_rule("gelu", anchor, m));
+    }
+    if found.matches.is_empty() {
+        return Ok(None);
+    }
+    let mut work = model.clone();
+    if opset_now < activations::GELU_OPSET {
+        match upgrade::raise_opset(model, activations::GELU_OPSET) {
+            Ok((up, how)) => {
+                report.notes.push(format!(
+                    "default-domain opset raised {} → {} (Gelu)",
+                    how.from, how.to
+                ));
+                report
+                    .notes
+                    .extend(how.converted.iter().map(|c| format!("converted {c}")));
+                report.opset_after = how.to;
+                work = up;
+            }
+            Err(e) => {
+                report.notes.push(format!(
+                    "no GELU fused: cannot raise the opset to {}: {e:#}",
+                    activations::GELU_OPSET
+                ));
+                return Ok(None);
+            }
+        }
+    }
+    // Node indices after a raise may differ: match again on the model being rewritten.
+    let g = work.graph.as_ref().context("no graph")?;
+    let matches = activations::find(g, opset::default_version(&work).unwrap_or(1))?.matches;
+    report.activations = activations::rewrite(&mut work, &matches, 0)?;
+    validate_model(&work).context("the model is invalid after fusing its GELUs")?;
+    Ok(Some(work))
+}
+
+/// The attention passes: the model with every provable block fused, or `None` when nothing
+/// was fused (near misses and notes recorded in `report`).
+fn fuse_attention(
+    model: &ModelProto,
+    options: &FusionOptions,
+    report: &mut FusionReport,
+) -> Result<Option<ModelProto>> {
+    let opset_before = report.opset_before;
+    let candidates = candidates(model, opset_before, options, report)?;
     if candidates.is_empty() {
-        return unchanged(report);
+        return Ok(None);
     }
     // The Attention op needs opset 23; raise it only now that something will be fused.
     let mut work = match upgrade::raise_opset(model, ATTENTION_OPSET) {
@@ -91,7 +169,7 @@ pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
         }
         Err(e) => {
             report.notes.push(format!(
-                "nothing fused: cannot raise the opset to {ATTENTION_OPSET}: {e:#}"
+                "no attention fused: cannot raise the opset to {ATTENTION_OPSET}: {e:#}"
             ));
             for c in candidates {
                 report.near_misses.push(NearMiss::new(
@@ -104,23 +182,20 @@ pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
                     ),
                 ));
             }
-            return unchanged(report);
+            return Ok(None);
         }
     };
     // Pass 2: rewrite one block at a time, re-checking on the current graph.
     for sm_out in candidates {
-        if let Some(next) = fuse_block(&work, &sm_out, options, &mut report)? {
+        if let Some(next) = fuse_block(&work, &sm_out, options, report)? {
             work = next;
         }
     }
     if report.blocks.is_empty() {
         report.opset_after = opset_before;
-        return unchanged(report);
+        return Ok(None);
     }
-    Ok(Fused {
-        model: work,
-        report,
-    })
+    Ok(Some(work))
 }
 
 /// Pass 1: which Softmax nodes fuse, on the input as it is; returns their output tensors and

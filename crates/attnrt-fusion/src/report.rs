@@ -5,6 +5,7 @@
 use attnrt_onnx::ModelProto;
 use serde::Serialize;
 
+pub use crate::activations::FusedActivation;
 use crate::mismatch::{Check, Mismatch};
 
 /// The fused model and what happened.
@@ -21,6 +22,8 @@ pub struct Fused {
 pub struct FusionReport {
     /// Fused blocks, in the order of their Softmax nodes.
     pub blocks: Vec<FusedBlock>,
+    /// Fused activations (GELU), in graph order.
+    pub activations: Vec<FusedActivation>,
     /// Softmax nodes that were not fused, with the failed predicate.
     pub near_misses: Vec<NearMiss>,
     /// Model-level notes (opset raise, converted nodes, why nothing was fused).
@@ -85,9 +88,15 @@ pub struct NearMiss {
 impl NearMiss {
     /// The near miss of the block of Softmax `softmax` (its label) that failed with `m`.
     pub fn new(softmax: String, m: Mismatch) -> NearMiss {
+        NearMiss::of_rule("attention", softmax, m)
+    }
+
+    /// The near miss of rule `rule` anchored at node `anchor` (its label; for attention, the
+    /// Softmax) that failed with `m`.
+    pub fn of_rule(rule: &str, anchor: String, m: Mismatch) -> NearMiss {
         NearMiss {
-            softmax,
-            rule: "attention".into(),
+            softmax: anchor,
+            rule: rule.into(),
             reason: m.reason(),
             node: m.node,
             check: m.check,
@@ -98,13 +107,35 @@ impl NearMiss {
 }
 
 impl FusionReport {
-    /// One line per fused block, then the opset change.
+    /// Whether anything was fused.
+    pub fn changed(&self) -> bool {
+        !self.blocks.is_empty() || !self.activations.is_empty()
+    }
+
+    /// One line per fused block and activation, then the counts and the opset change.
     pub fn summary_lines(&self) -> Vec<String> {
         let mut lines: Vec<String> = self.blocks.iter().map(FusedBlock::summary_line).collect();
+        lines.extend(self.activations.iter().map(|a| {
+            format!(
+                "{}: {} → Gelu ({}, {} nodes replaced)",
+                a.node,
+                a.anchor,
+                a.rule,
+                a.replaced.len()
+            )
+        }));
+        let attention_misses = self
+            .near_misses
+            .iter()
+            .filter(|m| m.rule == "attention")
+            .count();
+        let gelus = match self.activations.len() {
+            0 => String::new(),
+            n => format!(", {n} GELU(s) fused"),
+        };
         lines.push(format!(
-            "{} block(s) fused, {} not fused; opset {} → {}",
+            "{} block(s) fused, {attention_misses} not fused{gelus}; opset {} → {}",
             self.blocks.len(),
-            self.near_misses.len(),
             self.opset_before,
             self.opset_after
         ));
@@ -122,6 +153,9 @@ impl FusionReport {
             for c in &b.caveats {
                 lines.push(format!("  caveat: {c}"));
             }
+        }
+        for a in &self.activations {
+            lines.push(format!("fused {} ({}): rule {}", a.node, a.anchor, a.rule));
         }
         for m in &self.near_misses {
             lines.push(format!(

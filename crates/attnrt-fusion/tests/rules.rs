@@ -496,7 +496,14 @@ fn finite_fill_becomes_additive_with_caveat_and_strict_refuses() {
     assert_eq!(w.op_type, "Where");
     assert_eq!(w.input[0], "pad");
     assert_eq!(f.report.blocks[0].caveats.len(), 1);
-    let strict = fuse(&mha(&cfg), &FusionOptions { strict: true }).unwrap();
+    let strict = fuse(
+        &mha(&cfg),
+        &FusionOptions {
+            strict: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(strict.report.blocks.is_empty());
     assert!(strict.report.near_misses[0].reason.contains("strict"));
 }
@@ -826,7 +833,14 @@ fn causal_from_positions_with_padding_keeps_the_padding_mask() {
             .any(|c| c.contains("is_causal replaces a finite fill")),
         "{caveats:?}"
     );
-    let strict = fuse(&mha(&cfg), &FusionOptions { strict: true }).unwrap();
+    let strict = fuse(
+        &mha(&cfg),
+        &FusionOptions {
+            strict: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(strict.report.blocks.len(), 1);
     let b = &strict.report.blocks[0];
     assert!(!b.is_causal && b.caveats.is_empty());

@@ -93,6 +93,16 @@ pub fn make_float(name: &str, value: f32) -> AttributeProto {
     }
 }
 
+/// Builds a `STRING` attribute.
+pub fn make_string(name: &str, value: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::String as i32,
+        s: value.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
 /// Builds an `INTS` attribute.
 pub fn make_ints(name: &str, values: &[i64]) -> AttributeProto {
     AttributeProto {

@@ -53,14 +53,15 @@ pub(crate) fn load_model(model: &Bound<'_, PyAny>) -> PyResult<(ModelProto, Stri
 
 /// Fuses `model` (a path or bytes); returns the fused model's bytes and the report as JSON.
 #[pyfunction]
-#[pyo3(signature = (model, strict = false))]
+#[pyo3(signature = (model, strict = false, gelu = true))]
 fn fuse_model<'py>(
     py: Python<'py>,
     model: &Bound<'py, PyAny>,
     strict: bool,
+    gelu: bool,
 ) -> PyResult<(Bound<'py, PyBytes>, String)> {
     let (proto, what) = load_model(model)?;
-    let options = attnrt_fusion::FusionOptions { strict };
+    let options = attnrt_fusion::FusionOptions { strict, gelu };
     let fused = py
         .detach(|| attnrt_fusion::fuse(&proto, &options))
         .map_err(|e| py_err(e.context(format!("{what}: fusion failed"))))?;

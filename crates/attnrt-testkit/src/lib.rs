@@ -22,6 +22,7 @@
 
 pub mod blocks;
 pub mod cache_block;
+pub mod gelu;
 pub mod manifest;
 
 use attnrt_onnx::opset::min_ir_version_for_opset;

@@ -17,6 +17,7 @@ use anyhow::Result;
 use attnrt_onnx::{attr, tensor, AttributeProto, GraphProto, NodeProto};
 
 use self::inserted::{Inserted, Names};
+pub use self::splice::replace_nodes;
 use crate::rules::{AttentionMatch, Layout};
 
 /// What one rewrite did.

@@ -21,8 +21,22 @@ pub(super) fn splice(
     new: Inserted,
     name: &str,
 ) -> Result<Vec<String>> {
-    let last = *m.core.iter().max().context("empty match")?;
-    let removed_idx = with_dead_code(graph, &m.core, &new.nodes);
+    graph.initializer.extend(new.inits);
+    declare_inputs(graph, m);
+    replace_nodes(graph, &m.core, new.nodes).with_context(|| format!("after fusing {name}"))
+}
+
+/// Replaces the nodes `core` of `graph` by `inserted` (placed where the last of them stood),
+/// removes what only they read (nodes left without a reader, initializers, `value_info` of
+/// gone tensors) and puts the graph back in topological order; returns the labels of the
+/// nodes removed, in graph order.
+pub fn replace_nodes(
+    graph: &mut GraphProto,
+    core: &BTreeSet<usize>,
+    inserted: Vec<NodeProto>,
+) -> Result<Vec<String>> {
+    let last = *core.iter().max().context("empty match")?;
+    let removed_idx = with_dead_code(graph, core, &inserted);
     let removed: Vec<String> = removed_idx
         .iter()
         .map(|&i| node_label(&graph.node[i]))
@@ -35,7 +49,7 @@ pub(super) fn splice(
         .iter()
         .flat_map(|&i| graph.node[i].input.clone())
         .collect();
-    let mut new_nodes = new.nodes;
+    let mut new_nodes = inserted;
     let mut nodes = Vec::with_capacity(graph.node.len());
     for (i, n) in std::mem::take(&mut graph.node).into_iter().enumerate() {
         if i == last {
@@ -46,10 +60,8 @@ pub(super) fn splice(
         }
     }
     graph.node = nodes;
-    graph.initializer.extend(new.inits);
     tidy(graph, &old_inputs, &removed_outputs);
-    declare_inputs(graph, m);
-    let order = topo_order(graph).map_err(|e| anyhow::anyhow!("after fusing {name}: {e}"))?;
+    let order = topo_order(graph).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut slots: Vec<Option<NodeProto>> = std::mem::take(&mut graph.node)
         .into_iter()
         .map(Some)

@@ -93,13 +93,15 @@ def fuse(
     output: Optional[Union[str, "os.PathLike[str]"]] = None,
     explain: bool = False,
     strict: bool = False,
+    gelu: bool = True,
 ) -> Tuple[Union[bytes, str], FusionReport]:
-    """Fuses every attention block of ``model`` (a path or the bytes of an ONNX file).
+    """Fuses every attention block of ``model`` (a path or the bytes of an ONNX file), and its
+    GELU activations unless ``gelu=False``.
 
     Returns ``(fused, report)``: ``fused`` is the fused model's bytes, or ``output`` (the path
     it was written to, atomically) when given. With ``explain=True`` the report's summary (every
     near miss and why) is also printed, as ``attnrt fuse --explain`` does."""
-    data, report_json = _fuse_model(_source(model), strict)
+    data, report_json = _fuse_model(_source(model), strict, gelu)
     report = FusionReport(report_json)
     if explain:
         print(report.summary())

@@ -25,6 +25,8 @@ pub struct CompareOptions {
     pub no_diff: bool,
     /// Fuse only blocks whose fused form is exact on every input.
     pub strict: bool,
+    /// Leave GELU activations unfused.
+    pub no_gelu: bool,
     /// Tolerance of the fused-vs-unfused diff.
     pub tolerance: ToleranceChoice,
     /// Tolerance of the diffs against expected outputs (`None`: the same as `tolerance`).
@@ -141,6 +143,7 @@ pub fn compare(
     } else {
         let fusion = FusionOptions {
             strict: options.strict,
+            gelu: !options.no_gelu,
         };
         Some(
             attnrt_fusion::fuse(model, &fusion)
@@ -148,7 +151,7 @@ pub fn compare(
         )
     };
     let (fusion, fused_model) = match fused {
-        Some(f) if !f.report.blocks.is_empty() => (Some(f.report), Some(f.model)),
+        Some(f) if f.report.changed() => (Some(f.report), Some(f.model)),
         Some(f) => (Some(f.report), None),
         None => (None, None),
     };
