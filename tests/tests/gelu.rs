@@ -46,7 +46,7 @@ fn fused_gelu_matches_the_unfused_graph() {
     let inputs = input();
     for (form, product) in CASES {
         let what = format!("{form:?} {product:?}");
-        let model = gelu_model(form, product, false);
+        let model = gelu_model(form, product, false, 16);
         let fused = fuse(&model, &FusionOptions::default()).unwrap();
         assert_eq!(fused.report.activations.len(), 1, "{what}: not fused");
         let unfused = run_once(&model, &inputs, &threads, &what, Backend::default()).unwrap();
@@ -72,7 +72,7 @@ fn emitted_gelu_runs_in_onnx_runtime_with_the_original_outputs() {
     let npz = dir.path().join("x.npz");
     write_npz(&npz, &input()).unwrap();
     for (i, (form, product)) in CASES.into_iter().enumerate() {
-        let model = gelu_model(form, product, false);
+        let model = gelu_model(form, product, false, 16);
         let fused = fuse(&model, &FusionOptions::default()).unwrap();
         let (original, emitted) = (
             dir.path().join(format!("{i}.onnx")),

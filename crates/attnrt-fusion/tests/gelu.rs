@@ -12,7 +12,7 @@ const TANH: GeluForm = GeluForm::Tanh { cubic: 0.044715 };
 const PRODUCTS: [Product; 3] = [Product::HalfFirst, Product::HalfLast, Product::HalfInside];
 
 fn fused(form: GeluForm, product: Product, leak: bool) -> Fused {
-    let m = gelu_model(form, product, leak);
+    let m = gelu_model(form, product, leak, 16);
     attnrt_onnx::validate_model(&m).expect("test graph valid");
     let f = fuse(&m, &FusionOptions::default()).expect("fuse");
     attnrt_onnx::validate_model(&f.model).expect("fused graph valid");
@@ -74,7 +74,7 @@ fn an_intermediate_read_outside_stops_the_fusion() {
 
 #[test]
 fn gelu_false_leaves_the_model_unchanged() {
-    let m = gelu_model(TANH, Product::HalfFirst, false);
+    let m = gelu_model(TANH, Product::HalfFirst, false, 16);
     let options = FusionOptions {
         gelu: false,
         ..Default::default()

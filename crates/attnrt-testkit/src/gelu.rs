@@ -9,7 +9,7 @@
 
 use attnrt_onnx::{DataType, ModelProto};
 
-use crate::{node_with_attrs, tensor_f32, value_info, GraphBuilder};
+use crate::{node_with_attrs, tensor_f32, value_info, Dim, GraphBuilder};
 
 /// Which form, and how its inside is written.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -36,11 +36,13 @@ pub enum Product {
     HalfInside,
 }
 
-/// The GELU of `form` with its product written as `product`; `leak` also makes the `Tanh`/
-/// `Erf` output a graph output `t` (an intermediate read outside). Opset 17.
-pub fn gelu_model(form: GeluForm, product: Product, leak: bool) -> ModelProto {
+/// The GELU of `form` over `x: float[B, L, width]` with its product written as `product`;
+/// `leak` also makes the `Tanh`/`Erf` output a graph output `t` (an intermediate read outside).
+/// Opset 17.
+pub fn gelu_model(form: GeluForm, product: Product, leak: bool, width: i64) -> ModelProto {
     let mut g = GraphBuilder::new("gelu");
-    g.input(value_info("x", DataType::Float, &["B", "L", "16"]));
+    let shape = [Dim::Sym("B"), Dim::Sym("L"), Dim::Fixed(width)];
+    g.input(value_info("x", DataType::Float, &shape));
     let t = match form {
         GeluForm::Tanh { cubic } => {
             let (three, k, s) = (
@@ -81,9 +83,9 @@ pub fn gelu_model(form: GeluForm, product: Product, leak: bool) -> ModelProto {
             op(&mut g, "Mul", &["x", "half_one_plus"], "y");
         }
     }
-    g.output(value_info("y", DataType::Float, &["B", "L", "16"]));
+    g.output(value_info("y", DataType::Float, &shape));
     if leak {
-        g.output(value_info("t", DataType::Float, &["B", "L", "16"]));
+        g.output(value_info("t", DataType::Float, &shape));
     }
     g.into_model(17)
 }
