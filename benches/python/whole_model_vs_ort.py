@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Whole models: attnrt (fused, on its kernels) against ONNX Runtime, interleaved rounds.
+
+For each model and case, every round runs ``attnrt bench MODEL --json`` (a fresh process: it
+fuses, builds both sessions and times ``--reps`` warm runs of the fused and the unfused model in
+alternation) and times ONNX Runtime in this process on the same inputs (``ORT_ENABLE_ALL``, the
+same thread count, ``--reps`` warm runs), alternating which goes first. This machine's speed
+drifts, so the figure of merit is the median over rounds of the per-round ratio
+``ORT time / attnrt fused time`` (> 1: attnrt is faster). Before timing, the fused outputs
+(``attnrt run --no-diff --output``) are compared with ONNX Runtime's (|a - b| <= atol + rtol·|b|).
+
+    python benches/python/whole_model_vs_ort.py --attnrt target/release/attnrt \\
+        --dir ../large-models --model bert_base_eager.ts --case seq128 --threads 2
+
+ONNX Runtime runs the same ``MODEL.onnx`` file; ``--ort-model-suffix .ortopt`` makes it run
+``MODEL.ortopt.onnx`` (its transformers optimizer's output, written by models/export_large.py)
+instead, its best baseline. Needs numpy and onnxruntime (tests/python/requirements.txt).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+
+def ort_session(path: Path, threads: int) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def ort_median_ms(sess: ort.InferenceSession, feeds: dict, warmup: int, reps: int) -> float:
+    for _ in range(warmup):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def attnrt_median_ms(args, model: Path, npz: Path) -> float:
+    cmd = [args.attnrt, "bench", str(model), "--input-npz", str(npz), "--threads",
+           str(args.threads), "--reps", str(args.reps), "--warmup", str(args.warmup), "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return float(json.loads(out)["fused"]["median_ms"])
+
+
+def check_outputs(args, model: Path, npz: Path, sess: ort.InferenceSession, feeds: dict) -> float:
+    """Largest |attnrt - ORT| over every output; exits when one is beyond the tolerance."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.npz"
+        subprocess.run([args.attnrt, "run", str(model), "--input-npz", str(npz), "--no-diff",
+                        "--threads", str(args.threads), "--output", str(out)],
+                       check=True, capture_output=True)
+        mine = dict(np.load(out))
+    names = [o.name for o in sess.get_outputs()]
+    theirs = dict(zip(names, sess.run(None, feeds)))
+    worst = 0.0
+    for name, b in theirs.items():
+        a = mine[name]
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        worst = max(worst, float(diff.max(initial=0.0)))
+        if not np.all(diff <= args.atol + args.rtol * np.abs(b)):
+            sys.exit(f"{model.name}: output {name} differs from ONNX Runtime "
+                     f"(max abs {diff.max():.3e})")
+    return worst
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--attnrt", required=True, help="the attnrt binary (a release build)")
+    p.add_argument("--dir", required=True, type=Path, help="folder of models and case npz files")
+    p.add_argument("--model", action="append", required=True,
+                   help="model file stem, e.g. bert_base_eager.ts (repeatable)")
+    p.add_argument("--case", action="append", required=True,
+                   help="case name, e.g. seq128: reads <family>.<case>.inputs.npz (repeatable)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--ort-model-suffix", default="", help="e.g. .ortopt")
+    p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("--rtol", type=float, default=1e-3)
+    args = p.parse_args()
+    print(f"onnxruntime {ort.__version__}, {args.threads} threads, {args.rounds} rounds of "
+          f"{args.reps} runs after {args.warmup} warm-up")
+    print("| model | case | attnrt ms | ORT ms | ORT / attnrt (median of rounds) | max abs vs ORT |")
+    print("|---|---|---|---|---|---|")
+    for stem in args.model:
+        model = args.dir / f"{stem}.onnx"
+        family = stem.split(".")[0]
+        sess = ort_session(args.dir / f"{stem}{args.ort_model_suffix}.onnx", args.threads)
+        for case in args.case:
+            npz = args.dir / f"{family}.{case}.inputs.npz"
+            feeds = dict(np.load(npz))
+            worst = check_outputs(args, model, npz, sess, feeds)
+            mine, theirs, ratios = [], [], []
+            for r in range(args.rounds):
+                if r % 2 == 0:
+                    a = attnrt_median_ms(args, model, npz)
+                    o = ort_median_ms(sess, feeds, args.warmup, args.reps)
+                else:
+                    o = ort_median_ms(sess, feeds, args.warmup, args.reps)
+                    a = attnrt_median_ms(args, model, npz)
+                mine.append(a)
+                theirs.append(o)
+                ratios.append(o / a)
+            print(f"| {stem}{args.ort_model_suffix and ' (ORT: ' + args.ort_model_suffix + ')'} "
+                  f"| {case} | {statistics.median(mine):.1f} | {statistics.median(theirs):.1f} "
+                  f"| {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}) "
+                  f"| {worst:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
