@@ -116,10 +116,30 @@ def test_fused_model_runs_in_onnxruntime(tmp_path):
     np.testing.assert_allclose(got[0], want[0], atol=ATOL, rtol=RTOL)
 
 
+def near_miss_model() -> bytes:
+    """Q·Kᵀ → Softmax over the query axis (axis 2) → ·V: attention-shaped, never fused."""
+    from onnx import TensorProto, helper
+
+    qkv = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 4, 8]) for n in "qkv"]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 8])
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], name="sm", axis=2),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "near_miss", qkv, [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
 def test_explain_prints_every_near_miss(capsys):
-    _, report = attnrt.fuse(MODELS / "gpt2_cache_eager.ts.onnx", explain=True)
+    _, report = attnrt.fuse(near_miss_model(), explain=True)
     printed = capsys.readouterr().out
-    assert report.near_misses, "this export has blocks attnrt does not fuse today"
+    assert report.near_misses, "the Softmax over the query axis is not attention"
+    assert report.near_misses[0]["check"] == "softmax-axis"
+    assert "0 block(s) fused, 1 not fused" in printed
     for m in report.near_misses:
         assert m["node"] in printed and m["check"] in printed
 
@@ -187,3 +207,11 @@ def test_a_session_is_usable_from_several_threads(bert):
     with ThreadPoolExecutor(4) as pool:
         for i, got in pool.map(job, range(4)):
             np.testing.assert_array_equal(got, want if i % 2 == 0 else want_other)
+
+
+def test_gelu_is_fused_unless_turned_off():
+    model = MODELS / "gpt2_eager.ts.onnx"
+    _, report = attnrt.fuse(model)
+    assert [a["rule"] for a in report.activations] == ["gelu[tanh]", "gelu[tanh]"]
+    _, plain = attnrt.fuse(model, gelu=False)
+    assert plain.activations == [] and len(plain.blocks) == len(report.blocks)

@@ -60,6 +60,11 @@ class FusionReport:
         return self._report.get("blocks", [])
 
     @property
+    def activations(self) -> List[Dict[str, Any]]:
+        """One entry per fused activation (GELU → ``Gelu``)."""
+        return self._report.get("activations", [])
+
+    @property
     def near_misses(self) -> List[Dict[str, Any]]:
         """One entry per candidate that was not fused, naming the node and the failed check."""
         return self._report.get("near_misses", [])
@@ -69,8 +74,10 @@ class FusionReport:
 
     def summary(self) -> str:
         """One line per fused block and near miss."""
-        lines = [f"{len(self.blocks)} block(s) fused, {len(self.near_misses)} not fused"]
+        lines = [f"{len(self.blocks)} block(s) fused, {len(self.near_misses)} not fused, "
+                 f"{len(self.activations)} GELU(s) fused"]
         lines += [f"fused: {b.get('node')}" for b in self.blocks]
+        lines += [f"fused: {a.get('node')} ({a.get('rule')})" for a in self.activations]
         lines += [
             f"not fused: {m.get('softmax')} (rule {m.get('rule')}): at {m.get('node')} "
             f"[{m.get('check')}]: {m.get('reason')}"
@@ -79,7 +86,8 @@ class FusionReport:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return f"FusionReport(blocks={len(self.blocks)}, near_misses={len(self.near_misses)})"
+        return (f"FusionReport(blocks={len(self.blocks)}, activations={len(self.activations)}, "
+                f"near_misses={len(self.near_misses)})")
 
 
 def _source(model: ModelSource) -> Union[str, bytes]:
