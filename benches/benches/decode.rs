@@ -32,6 +32,11 @@ use attnrt_runtime::{Backend, NamedTensor, Threads};
 use criterion::{criterion_group, criterion_main, Criterion};
 use rayon::prelude::*;
 
+/// The allocator the shipped CLI and Python module use (`--no-default-features`: the system's).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SHAPE: DecodeShape = DecodeShape {
     q_heads: 32,
     kv_heads: 8,

@@ -109,6 +109,8 @@ pub struct OrtServer {
     stdout: BufReader<ChildStdout>,
     /// onnxruntime's version.
     pub version: String,
+    /// The child's ready line (what it reported about its session).
+    pub ready: Value,
 }
 
 impl OrtServer {
@@ -116,11 +118,29 @@ impl OrtServer {
     /// and waits until it has warmed up. `Ok(None)` when the interpreter or onnxruntime is
     /// missing (a reason is printed on stderr).
     pub fn start(form: &str, len: usize, threads: usize) -> Result<Option<Self>> {
+        let args: Vec<String> = vec![
+            "--serve".into(),
+            "--forms".into(),
+            form.into(),
+            "--lens".into(),
+            len.to_string(),
+            "--threads".into(),
+            threads.to_string(),
+        ];
+        Self::spawn(&script_path(), &args, &format!("{form} L={len}"))
+    }
+
+    /// Starts `script` (one of `benches/python/*.py` with the `--serve` protocol: a ready line,
+    /// then `run N` → `{"ms": [...]}`) with `args`, and waits for its ready line. `what` names
+    /// the case in errors. `Ok(None)` when the interpreter or onnxruntime is missing.
+    pub fn spawn(script: &Path, args: &[String], what: &str) -> Result<Option<Self>> {
         let py = python();
+        let name = script
+            .file_name()
+            .map_or_else(|| script.display().to_string(), |n| n.to_string_lossy().into());
         let mut child = match Command::new(&py)
-            .arg(script_path())
-            .args(["--serve", "--forms", form, "--lens", &len.to_string()])
-            .args(["--threads", &threads.to_string()])
+            .arg(script)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -135,13 +155,14 @@ impl OrtServer {
             }
         };
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            bail!("ort_bench.py --serve: no pipes to the child");
+            bail!("{name} --serve: no pipes to the child");
         };
         let mut server = OrtServer {
             child,
             stdin,
             stdout: BufReader::new(stdout),
             version: String::new(),
+            ready: Value::Null,
         };
         let ready = match server.reply() {
             Ok(v) => v,
@@ -153,26 +174,27 @@ impl OrtServer {
                         return Ok(None);
                     }
                 }
-                return Err(e.context(format!("ort_bench.py --serve {form} L={len}")));
+                return Err(e.context(format!("{name} --serve {what}")));
             }
         };
         if ready["ready"].as_bool() != Some(true) {
-            bail!("ort_bench.py --serve {form} L={len}: unexpected first line {ready}");
+            bail!("{name} --serve {what}: unexpected first line {ready}");
         }
         server.version = ready["onnxruntime"].as_str().unwrap_or("?").to_string();
+        server.ready = ready;
         Ok(Some(server))
     }
 
     /// Times `runs` runs; milliseconds per run.
     pub fn time(&mut self, runs: usize) -> Result<Vec<f64>> {
-        writeln!(self.stdin, "run {runs}").context("writing to ort_bench.py --serve")?;
+        writeln!(self.stdin, "run {runs}").context("writing to the ORT --serve child")?;
         self.stdin
             .flush()
-            .context("writing to ort_bench.py --serve")?;
+            .context("writing to the ORT --serve child")?;
         let v = self.reply()?;
         let ms = v["ms"]
             .as_array()
-            .with_context(|| format!("ort_bench.py --serve answered {v}"))?;
+            .with_context(|| format!("the ORT --serve child answered {v}"))?;
         ms.iter()
             .map(|x| {
                 x.as_f64()
@@ -187,16 +209,16 @@ impl OrtServer {
         let n = self
             .stdout
             .read_line(&mut line)
-            .context("reading from ort_bench.py --serve")?;
+            .context("reading from the ORT --serve child")?;
         if n == 0 {
             let status = self
                 .child
                 .wait()
-                .context("waiting for ort_bench.py --serve")?;
-            bail!("ort_bench.py --serve exited ({status}) without answering");
+                .context("waiting for the ORT --serve child")?;
+            bail!("the ORT --serve child exited ({status}) without answering");
         }
         serde_json::from_str(line.trim())
-            .with_context(|| format!("ort_bench.py --serve printed {line:?}"))
+            .with_context(|| format!("the ORT --serve child printed {line:?}"))
     }
 }
 

@@ -12,6 +12,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc keeps freed blocks for reuse: with glibc's allocator every decode step of
+/// `attnrt generate` page-faulted its fresh `present_*` cache tensors in (glibc unmaps blocks
+/// above its mmap threshold when they are freed). See benches/README.md, "Decode step".
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const EXIT_CODES: &str = "\
 Exit codes:
   0   success

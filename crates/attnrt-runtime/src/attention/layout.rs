@@ -123,6 +123,13 @@ pub(super) fn copy_into_seq(v: &View4<f32>, out: &mut [f32], total: usize, seq_o
                     + l as isize * v.strides[2]
                     + d as isize * v.strides[3]) as usize
             };
+            if v.strides[3] == 1 && v.strides[2] == d_n as isize {
+                // Rows contiguous in the source too (past_key, 4-D inputs): one block copy.
+                let s = src(0, 0);
+                slice[seq_offset * d_n..(seq_offset + l_n) * d_n]
+                    .copy_from_slice(&v.data[s..s + l_n * d_n]);
+                return;
+            }
             for l in 0..l_n {
                 let row = &mut slice[(seq_offset + l) * d_n..(seq_offset + l + 1) * d_n];
                 if v.strides[3] == 1 {
