@@ -25,9 +25,7 @@ use attnrt::generate::DecoderSignature;
 use attnrt_benches::ort::{self, OrtServer};
 use attnrt_benches::{env_list, fmt_opt, machine_note, median, quartiles, Table};
 use attnrt_onnx::ModelProto;
-use attnrt_runtime::{
-    Backend, NamedTensor, Session, SessionOptions, ShapePolicy, Tensor, Threads,
-};
+use attnrt_runtime::{Backend, NamedTensor, Session, SessionOptions, ShapePolicy, Tensor, Threads};
 
 /// The allocator the shipped CLI and Python module use (`--no-default-features`: the system's).
 #[cfg(feature = "mimalloc")]
@@ -115,8 +113,15 @@ fn check_against_unfused(
     let ours = feed_back(signature, session.run(&inputs)?)?.1;
     let theirs = feed_back(signature, reference.run(&inputs)?)?.1;
     let d = attnrt::harness::diff_tensor("logits", &ours, &theirs, Default::default());
-    anyhow::ensure!(d.ok, "{what}: fused and unfused logits differ by {:.2e}", d.max_abs);
-    println!("{what}: fused vs unfused logits at past 64: max |a−b| {:.1e}", d.max_abs);
+    anyhow::ensure!(
+        d.ok,
+        "{what}: fused and unfused logits differ by {:.2e}",
+        d.max_abs
+    );
+    println!(
+        "{what}: fused vs unfused logits at past 64: max |a−b| {:.1e}",
+        d.max_abs
+    );
     Ok(())
 }
 
@@ -157,7 +162,10 @@ fn random_cache(sig: &DecoderSignature, past: usize) -> Result<Vec<NamedTensor>>
 }
 
 /// The presents renamed as the next step's pasts, and the logits.
-fn feed_back(sig: &DecoderSignature, mut outputs: Vec<NamedTensor>) -> Result<(Vec<NamedTensor>, Tensor)> {
+fn feed_back(
+    sig: &DecoderSignature,
+    mut outputs: Vec<NamedTensor>,
+) -> Result<(Vec<NamedTensor>, Tensor)> {
     let mut take = |name: &str| -> Result<Tensor> {
         let at = outputs
             .iter()
@@ -185,7 +193,10 @@ fn argmax(logits: &Tensor) -> Result<i64> {
     Ok(last
         .iter()
         .enumerate()
-        .fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+        )
         .0 as i64)
 }
 
@@ -196,7 +207,10 @@ fn ort_servers(path: &Path, past: usize, threads: usize) -> Vec<(&'static str, O
     }
     let script = ort::script_path().with_file_name("ort_decoder_step.py");
     let mut servers = Vec::new();
-    for (label, extra) in [("ORT", vec![]), ("ORT optimized", vec!["--optimize", "gpt2"])] {
+    for (label, extra) in [
+        ("ORT", vec![]),
+        ("ORT optimized", vec!["--optimize", "gpt2"]),
+    ] {
         let mut args: Vec<String> = vec![
             "--serve".into(),
             "--model".into(),
@@ -244,7 +258,11 @@ fn compare(dec: &Decoder, past: usize, threads: usize, table: &mut Table) -> Res
             idle();
         }
     }
-    let mut row = vec![dec.name.clone(), past.to_string(), format!("{:.3}", median(&ours))];
+    let mut row = vec![
+        dec.name.clone(),
+        past.to_string(),
+        format!("{:.3}", median(&ours)),
+    ];
     for label in ["ORT", "ORT optimized"] {
         let at = servers.iter().position(|(l, _)| *l == label);
         let (ms, ratio) = match at {
@@ -293,7 +311,10 @@ fn main() -> Result<()> {
             compare(&dec, past, t, &mut table)?;
         }
     }
-    println!("\nper-token latency (median step, ms), interleaved rounds\n{}", table.render());
+    println!(
+        "\nper-token latency (median step, ms), interleaved rounds\n{}",
+        table.render()
+    );
     println!("{}", machine_note());
     Ok(())
 }

@@ -135,9 +135,10 @@ impl OrtServer {
     /// the case in errors. `Ok(None)` when the interpreter or onnxruntime is missing.
     pub fn spawn(script: &Path, args: &[String], what: &str) -> Result<Option<Self>> {
         let py = python();
-        let name = script
-            .file_name()
-            .map_or_else(|| script.display().to_string(), |n| n.to_string_lossy().into());
+        let name = script.file_name().map_or_else(
+            || script.display().to_string(),
+            |n| n.to_string_lossy().into(),
+        );
         let mut child = match Command::new(&py)
             .arg(script)
             .args(args)

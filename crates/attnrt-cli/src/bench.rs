@@ -3,14 +3,15 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use attnrt::harness::time_paired;
+use attnrt::harness::{time_paired, time_paired_profiled, PairedTiming};
 use attnrt_fusion::FusionOptions;
-use attnrt_runtime::Session;
+use attnrt_runtime::{Profile, Session};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::common::{dims_line, load, threads, InputArgs, LimitArgs, MatmulArgs};
+use crate::profile::ProfileArgs;
 
 /// Arguments of `attnrt bench`.
 #[derive(Args, Debug)]
@@ -41,7 +42,19 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub input: InputArgs,
     #[command(flatten)]
+    pub profile: ProfileArgs,
+    #[command(flatten)]
     pub limits: LimitArgs,
+}
+
+/// The two sessions timed and what the report says about them.
+struct Bench {
+    name: String,
+    blocks: usize,
+    fused: Session,
+    unfused: Session,
+    prepared: attnrt::harness::PreparedInputs,
+    threads: attnrt_runtime::Threads,
 }
 
 /// Runs the command.
@@ -49,6 +62,19 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     if args.reps == 0 {
         bail!("--reps must be at least 1");
     }
+    let b = sessions(&args)?;
+    let (timing, profiles) = time(&args, &b)?;
+    if args.json {
+        let v = json_report(&args, &b, &timing, profiles.as_ref());
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_text(&args, &b, &timing, profiles.as_ref());
+    }
+    Ok(())
+}
+
+/// Loads and fuses the model and builds a session for each path.
+fn sessions(args: &BenchArgs) -> Result<Bench> {
     let limits = args.limits.limits();
     let loaded = load(&args.model, &limits)?;
     let name = args.model.display().to_string();
@@ -62,8 +88,6 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         },
     )
     .with_context(|| format!("{name}: fusion failed"))?;
-    let blocks = fused.report.blocks.len();
-
     let backend = args.matmul.backend();
     let fused_session = Session::build_with(
         &fused.model,
@@ -74,7 +98,19 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     )?;
     let unfused_session =
         Session::build_with(&loaded.model, &prepared.tensors, &threads, &name, backend)?;
+    Ok(Bench {
+        blocks: fused.report.blocks.len(),
+        name,
+        fused: fused_session,
+        unfused: unfused_session,
+        prepared,
+        threads,
+    })
+}
 
+/// Times the two paths in alternating rounds behind a progress bar, profiling the timed runs
+/// with `--profile`.
+fn time(args: &BenchArgs, b: &Bench) -> Result<(PairedTiming, Option<[Profile; 2]>)> {
     let total = 2 * (args.warmup + args.reps) as u64;
     let bar = ProgressBar::new(total);
     bar.set_style(
@@ -83,63 +119,82 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_message("timing");
-    let timing = time_paired(
-        &fused_session,
-        &unfused_session,
-        &prepared.tensors,
-        args.warmup,
-        args.reps,
-        || bar.inc(1),
-    )?;
+    let inputs = &b.prepared.tensors;
+    let timed = if args.profile.profile {
+        let (t, p) =
+            time_paired_profiled(&b.fused, &b.unfused, inputs, args.warmup, args.reps, || {
+                bar.inc(1)
+            })?;
+        (t, Some(p))
+    } else {
+        let t = time_paired(&b.fused, &b.unfused, inputs, args.warmup, args.reps, || {
+            bar.inc(1)
+        })?;
+        (t, None)
+    };
     bar.finish_and_clear();
+    Ok(timed)
+}
 
-    let (fused_t, unfused_t) = (&timing.a, &timing.b);
+fn json_report(
+    args: &BenchArgs,
+    b: &Bench,
+    timing: &PairedTiming,
+    profiles: Option<&[Profile; 2]>,
+) -> serde_json::Value {
     let [ratio_q1, speedup, ratio_q3] = timing.ratio_b_over_a;
-    if args.json {
-        let v = json!({
-            "model": name,
-            "threads": threads.count(),
-            "matmul": args.matmul.name(),
-            "dims": prepared.dims,
-            "blocks_fused": blocks,
-            "warmup": args.warmup,
-            "reps": args.reps,
-            "build": crate::common::build_kind(),
-            "fused": fused_t,
-            "unfused": unfused_t,
-            "speedup": speedup,
-            "speedup_quartiles": [ratio_q1, speedup, ratio_q3],
-            "ops": {
-                "fused": crate::common::ops_json(&fused_session.op_counts()),
-                "unfused": crate::common::ops_json(&unfused_session.op_counts()),
-                "kernel_isa": attnrt_runtime::kernel_isa(),
-            },
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    println!("model: {name}");
-    println!("dims: {}", dims_line(&prepared));
-    println!("threads: {}", threads.count());
+    json!({
+        "model": b.name,
+        "threads": b.threads.count(),
+        "matmul": args.matmul.name(),
+        "dims": b.prepared.dims,
+        "blocks_fused": b.blocks,
+        "warmup": args.warmup,
+        "reps": args.reps,
+        "build": crate::common::build_kind(),
+        "fused": timing.a,
+        "unfused": timing.b,
+        "speedup": speedup,
+        "speedup_quartiles": [ratio_q1, speedup, ratio_q3],
+        "ops": {
+            "fused": crate::common::ops_json(&b.fused.op_counts()),
+            "unfused": crate::common::ops_json(&b.unfused.op_counts()),
+            "kernel_isa": attnrt_runtime::kernel_isa(),
+        },
+        "profile": profiles.map(|[f, u]| json!({
+            "fused": args.profile.json(Some(f)),
+            "unfused": args.profile.json(Some(u)),
+        })),
+    })
+}
+
+fn print_text(args: &BenchArgs, b: &Bench, timing: &PairedTiming, profiles: Option<&[Profile; 2]>) {
+    println!("model: {}", b.name);
+    println!("dims: {}", dims_line(&b.prepared));
+    println!("threads: {}", b.threads.count());
     println!("matmul: {}", args.matmul.name());
-    if blocks == 0 {
+    if b.blocks == 0 {
         println!("fusion: found no attention block; both paths run the same graph");
     } else {
-        println!("fusion: {blocks} attention block(s) fused");
+        println!("fusion: {} attention block(s) fused", b.blocks);
     }
-    println!("ops (fused): {}", fused_session.op_counts());
-    println!("ops (unfused): {}", unfused_session.op_counts());
-    for (label, t) in [("fused", fused_t), ("unfused", unfused_t)] {
+    println!("ops (fused): {}", b.fused.op_counts());
+    println!("ops (unfused): {}", b.unfused.op_counts());
+    for (label, t) in [("fused", &timing.a), ("unfused", &timing.b)] {
         println!(
             "{label:>8}: median {:.3} ms  (min {:.3}, max {:.3}, mad {:.3}; {} rounds after {} warm-up)",
             t.median_ms, t.min_ms, t.max_ms, t.mad_ms, t.reps, args.warmup
         );
     }
+    let [ratio_q1, speedup, ratio_q3] = timing.ratio_b_over_a;
     println!(
         "speedup (median of per-round unfused/fused): {speedup:.2}x (quartiles {ratio_q1:.2}-{ratio_q3:.2})"
     );
+    if let Some([f, u]) = profiles {
+        args.profile.print("fused", f);
+        args.profile.print("unfused", u);
+    }
     if let Some(note) = crate::common::debug_build_note() {
         println!("{note}");
     }
-    Ok(())
 }

@@ -6,6 +6,7 @@ mod bench;
 mod common;
 mod fuse;
 mod generate;
+mod profile;
 mod run;
 
 use std::process::ExitCode;

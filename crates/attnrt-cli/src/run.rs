@@ -13,6 +13,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::common::{dims_line, load, threads, InputArgs, LimitArgs, MatmulArgs};
+use crate::profile::ProfileArgs;
 
 /// Arguments of `attnrt run`.
 #[derive(Args, Debug)]
@@ -55,6 +56,8 @@ pub struct RunArgs {
     /// Also diff the outputs against saved reference outputs (e.g. models/*.outputs.npz).
     #[arg(long, value_name = "FILE.npz")]
     pub expect: Option<PathBuf>,
+    #[command(flatten)]
+    pub profile: ProfileArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
 }
@@ -99,6 +102,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         tolerance,
         expect_tolerance: None,
         backend: args.matmul.backend(),
+        profile: args.profile.profile,
     };
     let cmp = compare(
         &loaded.model,
@@ -220,6 +224,10 @@ fn json_report(
         },
         "build": crate::common::build_kind(),
         "time_note": COLD_RUN_NOTE,
+        "profile": args.profile.profile.then(|| json!({
+            "fused": args.profile.json(cmp.fused.as_ref().and_then(|r| r.profile.as_ref())),
+            "unfused": args.profile.json(cmp.unfused.as_ref().and_then(|r| r.profile.as_ref())),
+        })),
         "tolerance": headline_tolerance(cmp),
         "tolerance_source": match cmp.tolerance {
             ToleranceChoice::Fixed(_) => "flags",
@@ -294,6 +302,11 @@ fn print_text(
         (None, None) => {}
     }
     println!("note: {COLD_RUN_NOTE}");
+    for (what, r) in [("fused", &cmp.fused), ("unfused", &cmp.unfused)] {
+        if let Some(p) = r.as_ref().and_then(|r| r.profile.as_ref()) {
+            args.profile.print(what, p);
+        }
+    }
     if let Some(note) = crate::common::debug_build_note() {
         println!("{note}");
     }

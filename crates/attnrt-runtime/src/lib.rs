@@ -8,6 +8,8 @@
 //! - [`projection`]: `MatMul` by a constant weight (the projections) on the `gemm` crate.
 //! - [`tensor`]: named tensors, and the inputs a model declares.
 //! - [`plan`]: plans per input shape, kept in a bounded cache.
+//! - [`profile`]: where a run's time goes, per op kind and per node
+//!   ([`Session::run_profiled`]).
 //!
 //! The harness around a run (input files, random inputs, diffs, timing, the fused-vs-unfused
 //! comparison) is `attnrt::harness`, in the facade crate: this crate is graph → session →
@@ -18,12 +20,14 @@
 pub mod attention;
 mod lower;
 pub mod plan;
+pub mod profile;
 pub mod projection;
 pub mod session;
 pub mod tensor;
 pub mod threads;
 
 pub use plan::PlanStats;
+pub use profile::{NodeTime, OpTime, Profile, ProfileReport};
 pub use projection::Backend;
 pub use session::{
     onnx_frontend, onnx_frontend_with, panic_is_guarded, OpCounts, Session, SessionOptions,
@@ -50,6 +54,8 @@ pub struct RunResult {
     pub run_ms: f64,
     /// What the planned graph ran, by implementation.
     pub ops: OpCounts,
+    /// Where the run's time went, when it was profiled ([`run_once_profiled`]).
+    pub profile: Option<Profile>,
 }
 
 /// The name of the kernel path attention runs on in this process (`ATTNRT_KERNEL_ISA`, else the
@@ -68,16 +74,44 @@ pub fn run_once(
     what: &str,
     backend: Backend,
 ) -> Result<RunResult> {
+    run_once_with(model, inputs, threads, what, backend, false)
+}
+
+/// [`run_once`], with every node of the run timed ([`RunResult::profile`]).
+pub fn run_once_profiled(
+    model: &ModelProto,
+    inputs: &[NamedTensor],
+    threads: &Threads,
+    what: &str,
+    backend: Backend,
+) -> Result<RunResult> {
+    run_once_with(model, inputs, threads, what, backend, true)
+}
+
+fn run_once_with(
+    model: &ModelProto,
+    inputs: &[NamedTensor],
+    threads: &Threads,
+    what: &str,
+    backend: Backend,
+    profile: bool,
+) -> Result<RunResult> {
     let t = Instant::now();
     let session = Session::build_with(model, inputs, threads, what, backend)?;
     let build_ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
-    let outputs = session.run(inputs)?;
+    let (outputs, profile) = if profile {
+        let (outputs, profile) = session.run_profiled(inputs)?;
+        (outputs, Some(profile))
+    } else {
+        (session.run(inputs)?, None)
+    };
     let run_ms = t.elapsed().as_secs_f64() * 1e3;
     Ok(RunResult {
         outputs,
         build_ms,
         run_ms,
         ops: session.op_counts(),
+        profile,
     })
 }

@@ -11,6 +11,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
 
 use crate::plan::{self, DimKey, Plan, PlanCache, PlanKey, PlanStats};
+use crate::profile::{OpKinds, Profile};
 use crate::projection::Backend;
 use crate::tensor::NamedTensor;
 use crate::threads::Threads;
@@ -90,6 +91,9 @@ pub struct SessionOptions {
     pub shapes: ShapePolicy,
     /// How many plans the session keeps (least recently used dropped first).
     pub max_plans: usize,
+    /// Run `Pow` by a constant 2, 3 or 4 (float32/float64 base) as multiplications, within
+    /// two roundings of tract's `powf` (see `lower/pow.rs`); off runs tract's `powf`.
+    pub pow_as_mul: bool,
 }
 
 impl Default for SessionOptions {
@@ -98,6 +102,7 @@ impl Default for SessionOptions {
             backend: Backend::default(),
             shapes: ShapePolicy::default(),
             max_plans: 8,
+            pow_as_mul: true,
         }
     }
 }
@@ -121,6 +126,8 @@ pub struct Session {
     plans: Mutex<PlanCache>,
     threads: Threads,
     what: String,
+    /// ONNX op types by node name, for profiles.
+    kinds: OpKinds,
 }
 
 impl std::fmt::Debug for Session {
@@ -225,7 +232,7 @@ impl Session {
         options: &SessionOptions,
     ) -> Result<Session> {
         attnrt_onnx::validate_model(model).with_context(|| format!("{what}: invalid model"))?;
-        let proto = tract_proto(model)
+        let proto = tract_proto(model, options)
             .with_context(|| format!("{what}: re-reading the model for tract"))?;
         let frontend = onnx_frontend_with(options.backend);
         threads.install(|| {
@@ -265,6 +272,11 @@ impl Session {
                     plans: Mutex::new(PlanCache::new(options.max_plans)),
                     threads: threads.clone(),
                     what: what.to_string(),
+                    kinds: model
+                        .graph
+                        .as_ref()
+                        .map(OpKinds::of_graph)
+                        .unwrap_or_default(),
                 })
             })
         })
@@ -358,6 +370,24 @@ impl Session {
     /// tract takes its inputs by value, so this copies every input tensor once (tract's tensors
     /// have no shared storage); [`Session::run_owned`] hands them over without a copy.
     pub fn run(&self, inputs: &[NamedTensor]) -> Result<Vec<NamedTensor>> {
+        Ok(self.run_maybe_profiled(inputs, false)?.0)
+    }
+
+    /// Runs the model once, as [`Session::run`], timing every node of the plan: the outputs
+    /// and where the time went ([`Profile`]; merge several runs' profiles for a mean).
+    pub fn run_profiled(&self, inputs: &[NamedTensor]) -> Result<(Vec<NamedTensor>, Profile)> {
+        let started = std::time::Instant::now();
+        let (outputs, profile) = self.run_maybe_profiled(inputs, true)?;
+        let mut profile = profile.unwrap_or_default();
+        profile.set_wall(started.elapsed());
+        Ok((outputs, profile))
+    }
+
+    fn run_maybe_profiled(
+        &self,
+        inputs: &[NamedTensor],
+        profile: bool,
+    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
         let refs: Vec<&NamedTensor> = self
             .inputs
             .iter()
@@ -368,7 +398,11 @@ impl Session {
             .iter()
             .map(|t| t.tensor.clone().into_tvalue())
             .collect();
-        self.run_plan(plan, values, &refs)
+        let shapes: Vec<(DatumType, Vec<usize>)> = refs
+            .iter()
+            .map(|t| (t.tensor.datum_type(), t.tensor.shape().to_vec()))
+            .collect();
+        self.run_plan_shapes(plan, values, &shapes, profile)
     }
 
     /// Runs the model once, consuming `inputs` (same rules as [`Session::run`]): the tensors
@@ -396,7 +430,7 @@ impl Session {
             .into_iter()
             .map(|t| t.tensor.into_tvalue())
             .collect();
-        self.run_plan_shapes(plan, values, &shapes)
+        Ok(self.run_plan_shapes(plan, values, &shapes, false)?.0)
     }
 
     fn find_input<'a>(&self, inputs: &'a [NamedTensor], name: &str) -> Result<&'a NamedTensor> {
@@ -544,51 +578,49 @@ impl Session {
             .refuse(key, why);
     }
 
-    fn run_plan(
-        &self,
-        plan: (PlanKey, Plan),
-        values: TVec<TValue>,
-        inputs: &[&NamedTensor],
-    ) -> Result<Vec<NamedTensor>> {
-        let shapes: Vec<(DatumType, Vec<usize>)> = inputs
-            .iter()
-            .map(|t| (t.tensor.datum_type(), t.tensor.shape().to_vec()))
-            .collect();
-        self.run_plan_shapes(plan, values, &shapes)
-    }
-
     /// Runs `plan`. A symbolic plan that fails (its shape check, or an op refusing inputs that
     /// tract's symbolic planning got wrong) is refused, and these shapes run on a concrete plan;
     /// if that fails too, its error is the answer. The inputs are kept for the second try only
-    /// when the plan is symbolic.
+    /// when the plan is symbolic. With `profile`, the profile of the run that succeeded.
     fn run_plan_shapes(
         &self,
         (key, plan): (PlanKey, Plan),
         values: TVec<TValue>,
         shapes: &[(DatumType, Vec<usize>)],
-    ) -> Result<Vec<NamedTensor>> {
+        profile: bool,
+    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
         let retry = key.is_symbolic().then(|| values.clone());
-        match self.execute(&plan, values) {
+        match self.execute(&plan, values, profile) {
             Ok(outputs) => Ok(outputs),
             Err(e) if retry.is_some() => {
                 self.refuse(&key, format!("{e:#}"));
                 let concrete = PlanKey::concrete(shapes);
                 let plan = self.build_plan(&concrete)?;
-                self.execute(&plan, retry.unwrap_or_default())
+                self.execute(&plan, retry.unwrap_or_default(), profile)
             }
             Err(e) => Err(e),
         }
     }
 
-    fn execute(&self, plan: &Plan, values: TVec<TValue>) -> Result<Vec<NamedTensor>> {
+    fn execute(
+        &self,
+        plan: &Plan,
+        values: TVec<TValue>,
+        profile: bool,
+    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
+        let mut times: Vec<(usize, std::time::Duration)> = Vec::new();
         let outputs = self.threads.install(|| {
             guarded(&self.what, || {
-                plan.run(values, |_, _| {})
-                    .with_context(|| format!("{}: run failed", self.what))
+                plan.run(values, |node, took| {
+                    if profile {
+                        times.push((node.id, took));
+                    }
+                })
+                .with_context(|| format!("{}: run failed", self.what))
             })
         })?;
         // An output is uniquely owned once the run state is gone, so `into_tensor` moves it.
-        Ok(self
+        let outputs = self
             .output_names
             .iter()
             .zip(outputs)
@@ -596,7 +628,27 @@ impl Session {
                 name: name.clone(),
                 tensor: v.into_tensor(),
             })
-            .collect())
+            .collect();
+        Ok((outputs, profile.then(|| self.profile_of(plan, times))))
+    }
+
+    /// The profile of one run of `plan` from its node times (graph inputs and constants left
+    /// out, as in [`Session::op_counts`]).
+    fn profile_of(&self, plan: &Plan, times: Vec<(usize, std::time::Duration)>) -> Profile {
+        let model = plan.model();
+        let nodes = times.into_iter().filter_map(|(id, took)| {
+            let node = model.node(id);
+            let tract_op = node.op().name().to_string();
+            if matches!(tract_op.as_str(), "Source" | "Const") {
+                return None;
+            }
+            let op = self
+                .kinds
+                .kind_of(&node.name)
+                .map_or_else(|| tract_op.clone(), str::to_string);
+            Some((node.name.clone(), op, tract_op, took))
+        });
+        Profile::of_run(nodes, std::time::Duration::ZERO)
     }
 }
 
@@ -620,16 +672,23 @@ fn key_str(key: &PlanKey) -> String {
 }
 
 /// The model as tract's protobuf types, adjusted where tract reads ONNX differently from the
-/// spec or from exporters (see [`forget_declared_shapes`], [`scalar_pad_values`]).
-fn tract_proto(model: &ModelProto) -> Result<tract_onnx::pb::ModelProto> {
+/// spec or from exporters (see [`forget_declared_shapes`], [`scalar_pad_values`]), and lowered
+/// for speed (`crate::lower`).
+fn tract_proto(model: &ModelProto, options: &SessionOptions) -> Result<tract_onnx::pb::ModelProto> {
     let opset = attnrt_onnx::opset::default_version(model).unwrap_or(1);
     let identities = crate::lower::plan_identity_removal(model, opset);
+    let pows = if options.pow_as_mul {
+        crate::lower::plan_pow_rewrite(model)
+    } else {
+        crate::lower::PowRewrite::default()
+    };
     let bytes = model.encode_to_vec();
     let mut proto = tract_onnx::pb::ModelProto::decode(bytes.as_slice())?;
     drop(bytes);
     forget_declared_shapes(&mut proto);
     if let Some(g) = proto.graph.as_mut() {
         crate::lower::remove_identities(g, &identities);
+        crate::lower::rewrite_pows(g, &pows);
         scalar_pad_values(g);
     }
     Ok(proto)

@@ -261,6 +261,18 @@ pub fn node_chain(n: usize, adds_from: usize) -> ModelProto {
     g.into_model(17)
 }
 
+/// `y = Pow(x, e)` on one float input `x` of shape `dims`, with `e` a rank-0 float
+/// initializer equal to `exponent` (ir_version 8, opset 17): the `Pow` of GPT-2's GELU
+/// (`x³`), for the Pow-lowering benchmark and tests.
+pub fn pow_model(dims: &[i64], exponent: f32) -> ModelProto {
+    let mut g = GraphBuilder::new("pow");
+    g.input(float_value("x", dims));
+    g.initializer(tensor_f32("e", &[], &[exponent]));
+    g.node(node("pow", "Pow", &["x", "e"], &["y"]));
+    g.output(float_value("y", dims));
+    g.into_model(17)
+}
+
 /// A `.npy` file (format 1.0) with dtype `descr` (`<f4`, `<i8`, ...), C order, `shape` and the
 /// raw little-endian `data` (not checked against the shape, so tests can truncate it).
 pub fn npy_bytes(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {

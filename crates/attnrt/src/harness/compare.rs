@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result};
 use attnrt_fusion::{FusionOptions, FusionReport};
 use attnrt_onnx::ModelProto;
-use attnrt_runtime::{run_once, Backend, NamedTensor, OpCounts, RunResult, Threads};
+use attnrt_runtime::{
+    run_once, run_once_profiled, Backend, NamedTensor, OpCounts, Profile, RunResult, Threads,
+};
 use serde::Serialize;
 
 use super::diff::{diff_outputs, OutputDiff, ToleranceChoice};
@@ -33,6 +35,8 @@ pub struct CompareOptions {
     pub expect_tolerance: Option<ToleranceChoice>,
     /// Where constant-weight matmuls run.
     pub backend: Backend,
+    /// Time every node of each path's run ([`PathRun::profile`]).
+    pub profile: bool,
 }
 
 /// One path that ran (the fused or the unfused graph).
@@ -47,6 +51,10 @@ pub struct PathRun {
     pub run_ms: f64,
     /// What the planned graph ran, by implementation.
     pub ops: OpCounts,
+    /// Where the run's time went, with [`CompareOptions::profile`] (not serialized; see
+    /// [`Profile::report`]).
+    #[serde(skip)]
+    pub profile: Option<Profile>,
 }
 
 impl From<RunResult> for PathRun {
@@ -56,6 +64,7 @@ impl From<RunResult> for PathRun {
             build_ms: r.build_ms,
             run_ms: r.run_ms,
             ops: r.ops,
+            profile: r.profile,
         }
     }
 }
@@ -156,7 +165,12 @@ pub fn compare(
         None => (None, None),
     };
     let run = |m: &ModelProto, what: String| -> Result<PathRun> {
-        Ok(run_once(m, inputs, threads, &what, options.backend)?.into())
+        let run = if options.profile {
+            run_once_profiled
+        } else {
+            run_once
+        };
+        Ok(run(m, inputs, threads, &what, options.backend)?.into())
     };
     let fused_run = fused_model
         .as_ref()

@@ -1,6 +1,6 @@
 //! The harness around a run: where inputs come from ([`inputs`], [`npy`]), how outputs are
 //! compared ([`diff`], with tolerances that follow the element type), timed ([`timing`]) and
-//! summarised ([`summary`]), and [`compare()`]: the one pipeline "fuse → run fused → run unfused →
+//! summarised ([`summary`]), profiled (`attnrt_runtime::profile`), and [`compare()`]: the one pipeline "fuse → run fused → run unfused →
 //! diff → compare with expected outputs" that `attnrt run`, the model tests and the benches
 //! share, returning a serializable [`compare::Comparison`].
 //!
@@ -19,4 +19,4 @@ pub use diff::{diff_outputs, diff_tensor, OutputDiff, Tolerance, ToleranceChoice
 pub use inputs::{prepare_inputs, vocab_bound, DimBinding, InputOptions, PreparedInputs};
 pub use npy::{read_npz_tensors, write_npz};
 pub use summary::{summarize, TensorSummary};
-pub use timing::{quartiles, time_paired, PairedTiming, Timing};
+pub use timing::{quartiles, time_paired, time_paired_profiled, PairedTiming, Timing};

@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::Result;
 use serde::Serialize;
 
-use attnrt_runtime::{NamedTensor, Session};
+use attnrt_runtime::{NamedTensor, Profile, Session};
 
 /// Statistics of repeated timings, in milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -89,17 +89,49 @@ pub fn time_paired(
     inputs: &[NamedTensor],
     warmup: usize,
     reps: usize,
-    mut progress: impl FnMut(),
+    progress: impl FnMut(),
 ) -> Result<PairedTiming> {
+    Ok(time_rounds(a, b, inputs, (warmup, reps), false, progress)?.0)
+}
+
+/// [`time_paired`], with every node of the timed runs timed too: the profiles of `a` and `b`,
+/// each the mean over its `reps` timed runs (the same runs as the timing; the session always
+/// times its nodes, so profiling adds only the bookkeeping).
+pub fn time_paired_profiled(
+    a: &Session,
+    b: &Session,
+    inputs: &[NamedTensor],
+    warmup: usize,
+    reps: usize,
+    progress: impl FnMut(),
+) -> Result<(PairedTiming, [Profile; 2])> {
+    let (timing, profiles) = time_rounds(a, b, inputs, (warmup, reps), true, progress)?;
+    Ok((timing, profiles.unwrap_or_default()))
+}
+
+fn time_rounds(
+    a: &Session,
+    b: &Session,
+    inputs: &[NamedTensor],
+    (warmup, reps): (usize, usize),
+    profile: bool,
+    mut progress: impl FnMut(),
+) -> Result<(PairedTiming, Option<[Profile; 2]>)> {
     for s in [a, b] {
         for _ in 0..warmup {
             s.run(inputs)?;
             progress();
         }
     }
-    let mut timed = |s: &Session| -> Result<f64> {
+    let mut profiles = [Profile::default(), Profile::default()];
+    let mut timed = |s: &Session, slot: usize| -> Result<f64> {
         let t = Instant::now();
-        s.run(inputs)?;
+        if profile {
+            let (_, p) = s.run_profiled(inputs)?;
+            profiles[slot].merge(p);
+        } else {
+            s.run(inputs)?;
+        }
         let ms = t.elapsed().as_secs_f64() * 1e3;
         progress();
         Ok(ms)
@@ -108,21 +140,22 @@ pub fn time_paired(
     let (mut ta, mut tb) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
     for round in 0..reps {
         let (x, y) = if round % 2 == 0 {
-            let x = timed(a)?;
-            (x, timed(b)?)
+            let x = timed(a, 0)?;
+            (x, timed(b, 1)?)
         } else {
-            let y = timed(b)?;
-            (timed(a)?, y)
+            let y = timed(b, 1)?;
+            (timed(a, 0)?, y)
         };
         ta.push(x);
         tb.push(y);
     }
     let ratios: Vec<f64> = ta.iter().zip(&tb).map(|(x, y)| y / x).collect();
-    Ok(PairedTiming {
+    let timing = PairedTiming {
         a: Timing::from_samples(&ta).expect("at least one round"),
         b: Timing::from_samples(&tb).expect("at least one round"),
         ratio_b_over_a: quartiles(&ratios),
-    })
+    };
+    Ok((timing, profile.then_some(profiles)))
 }
 
 #[cfg(test)]

@@ -1,20 +1,21 @@
-//! What the session removes before tract sees a graph: nodes that are the identity at inference
-//! (`Identity`, `Dropout` in inference mode with its mask unused, `Cast` to the type its input
-//! already has; [`attnrt_onnx::passthrough`] decides). Their readers read the passed-on tensor
-//! directly, so tract builds a smaller graph: on a chain of 200k `Identity` nodes tract's own
-//! per-node cost when wiring (a scan of the nodes already wired) made building quadratic.
+//! Nodes that are the identity at inference (`Identity`, `Dropout` in inference mode with its
+//! mask unused, `Cast` to the type its input already has; [`attnrt_onnx::passthrough`]
+//! decides) are removed: their readers read the passed-on tensor directly, so tract builds a
+//! smaller graph: on a chain of 200k `Identity` nodes tract's own per-node cost when wiring (a
+//! scan of the nodes already wired) made building quadratic.
 //!
 //! Kept on purpose: a node whose output is a graph output (the name a user reads must stay),
 //! every node of a graph with subgraphs (an `If`/`Loop` body may read any outer name), and
 //! every node [`attnrt_onnx::passthrough::classify`] does not prove to be an identity (e.g. a
-//! `Dropout` in training mode, a `Cast` whose input type is unknown). The model attnrt saves is
-//! never changed: this is an execution-time view only.
+//! `Dropout` in training mode, a `Cast` whose input type is unknown).
 
 use std::collections::{HashMap, HashSet};
 
 use attnrt_onnx::passthrough::{self, PassthroughFacts};
-use attnrt_onnx::proto::{tensor_proto, type_proto, AttributeProto, GraphProto, ModelProto};
+use attnrt_onnx::proto::{tensor_proto, AttributeProto, GraphProto, ModelProto};
 use attnrt_onnx::DataType;
+
+use super::declared_types;
 
 /// The plan: which nodes (by index) go, and what each removed output is read as instead.
 #[derive(Debug, Default)]
@@ -52,23 +53,6 @@ impl PassthroughFacts for Facts<'_> {
     fn constant_bool(&self, tensor: &str) -> Option<bool> {
         self.bools.get(tensor).copied()
     }
-}
-
-fn declared_types(g: &GraphProto) -> HashMap<&str, i32> {
-    let mut types = HashMap::new();
-    for v in g.input.iter().chain(&g.value_info).chain(&g.output) {
-        if let Some(type_proto::Value::TensorType(t)) =
-            v.r#type.as_ref().and_then(|t| t.value.as_ref())
-        {
-            if t.elem_type != 0 {
-                types.insert(v.name.as_str(), t.elem_type);
-            }
-        }
-    }
-    for t in &g.initializer {
-        types.insert(t.name.as_str(), t.data_type);
-    }
-    types
 }
 
 /// A one-element boolean tensor's value (`int32_data` or `raw_data`, as ONNX stores bools).
