@@ -20,12 +20,6 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-/// The module's Rust allocations (tensors, caches) go to mimalloc, which keeps freed blocks for
-/// reuse: with the system allocator every decode step page-faulted its fresh `present_*` cache
-/// tensors in. Python's own allocations are not affected. See benches/README.md, "Decode step".
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 create_exception!(
     _attnrt,
     AttnrtError,
