@@ -31,14 +31,6 @@ pub(crate) struct PowRewrite {
     by_output: HashMap<String, u8>,
 }
 
-impl PowRewrite {
-    /// How many `Pow` nodes are rewritten.
-    #[cfg(test)]
-    pub fn count(&self) -> usize {
-        self.by_output.len()
-    }
-}
-
 /// The value of a rank-0 numeric tensor stored in the model.
 fn scalar_value(t: &TensorProto) -> Option<f64> {
     if !t.dims.is_empty() || t.data_location == tensor_proto::DataLocation::External as i32 {
