@@ -109,19 +109,13 @@ fn fuse_gelu(model: &ModelProto, report: &mut FusionReport) -> Result<Option<Mod
     if found.matches.is_empty() {
         return Ok(None);
     }
-    let mut work = model.clone();
-    if opset_now < activations::GELU_OPSET {
-        match upgrade::raise_opset(model, activations::GELU_OPSET) {
+    let (mut work, matches) = if opset_now >= activations::GELU_OPSET {
+        (model.clone(), found.matches)
+    } else {
+        let raised = match upgrade::raise_opset(model, activations::GELU_OPSET) {
             Ok((up, how)) => {
-                report.notes.push(format!(
-                    "default-domain opset raised {} → {} (Gelu)",
-                    how.from, how.to
-                ));
-                report
-                    .notes
-                    .extend(how.converted.iter().map(|c| format!("converted {c}")));
-                report.opset_after = how.to;
-                work = up;
+                note_raise(report, &how, " (Gelu)");
+                up
             }
             Err(e) => {
                 report.notes.push(format!(
@@ -130,14 +124,29 @@ fn fuse_gelu(model: &ModelProto, report: &mut FusionReport) -> Result<Option<Mod
                 ));
                 return Ok(None);
             }
-        }
-    }
-    // Node indices after a raise may differ: match again on the model being rewritten.
-    let g = work.graph.as_ref().context("no graph")?;
-    let matches = activations::find(g, opset::default_version(&work).unwrap_or(1))?.matches;
+        };
+        // Node indices after a raise may differ: match again on the model being rewritten.
+        let g = raised.graph.as_ref().context("no graph")?;
+        let matches = activations::find(g, opset::default_version(&raised).unwrap_or(1))?.matches;
+        (raised, matches)
+    };
     report.activations = activations::rewrite(&mut work, &matches, 0)?;
     validate_model(&work).context("the model is invalid after fusing its GELUs")?;
     Ok(Some(work))
+}
+
+/// Records an opset raise (for `what`, e.g. " (Gelu)") and its converted nodes in the notes.
+fn note_raise(report: &mut FusionReport, up: &opset::UpgradeReport, what: &str) {
+    if up.from != up.to {
+        report.notes.push(format!(
+            "default-domain opset raised {} → {}{what}",
+            up.from, up.to
+        ));
+    }
+    report
+        .notes
+        .extend(up.converted.iter().map(|c| format!("converted {c}")));
+    report.opset_after = up.to;
 }
 
 /// The attention passes: the model with every provable block fused, or `None` when nothing
@@ -155,16 +164,7 @@ fn fuse_attention(
     // The Attention op needs opset 23; raise it only now that something will be fused.
     let mut work = match upgrade::raise_opset(model, ATTENTION_OPSET) {
         Ok((work, up)) => {
-            if up.from != up.to {
-                report.notes.push(format!(
-                    "default-domain opset raised {} → {}",
-                    up.from, up.to
-                ));
-            }
-            report
-                .notes
-                .extend(up.converted.iter().map(|c| format!("converted {c}")));
-            report.opset_after = up.to;
+            note_raise(report, &up, "");
             work
         }
         Err(e) => {
