@@ -2,19 +2,16 @@
 //! clear `error:` line, non-zero exit, no panic, no partial output file), `fuse` refusing to
 //! overwrite its input, exit codes, and runs of shipped models against their PyTorch outputs.
 
+mod common;
+
+use common::attnrt;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use attnrt_onnx::{DataType, ModelProto};
 use attnrt_testkit::{model, node, npy_bytes, tensor_f32, value_info, GraphBuilder};
 use prost::Message;
-
-fn attnrt(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_attnrt"))
-        .args(args)
-        .output()
-        .expect("the attnrt binary runs")
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

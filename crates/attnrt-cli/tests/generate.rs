@@ -1,22 +1,12 @@
 //! `attnrt generate` end to end on a shipped decoder with a KV cache: the JSON report, the
 //! lockstep check, a text prompt through a tokenizer.json, and clean refusals.
 
+mod common;
+
+use common::{attnrt, model};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn attnrt(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_attnrt"))
-        .args(args)
-        .output()
-        .expect("the attnrt binary runs")
-}
-
-fn model(file: &str) -> String {
-    let p: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(file);
-    p.display().to_string()
-}
+use std::process::Output;
 
 fn json(o: &Output) -> serde_json::Value {
     assert_eq!(

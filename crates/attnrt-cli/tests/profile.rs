@@ -1,25 +1,13 @@
 //! `--profile` on `attnrt run` and `attnrt bench`: time per op kind and the slowest nodes, per
 //! path, in text and in `--json` (`"profile"`). Only structure is asserted, never timings.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
+
+use common::{attnrt, model};
+
+use std::process::Output;
 
 use serde_json::Value;
-
-fn attnrt(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_attnrt"))
-        .args(args)
-        .output()
-        .expect("the attnrt binary runs")
-}
-
-fn model(file: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(file)
-        .display()
-        .to_string()
-}
 
 fn json(o: &Output) -> Value {
     assert_eq!(
