@@ -97,16 +97,7 @@ pub fn baseline() -> ModelProto {
 pub fn chain_model(n: usize) -> ModelProto {
     let mut nodes = Vec::with_capacity(n);
     for i in 0..n {
-        let input = if i == 0 {
-            "x".to_string()
-        } else {
-            format!("t{}", i - 1)
-        };
-        let output = if i + 1 == n {
-            "y".to_string()
-        } else {
-            format!("t{i}")
-        };
+        let (input, output) = attnrt_testkit::chain_link(i, n);
         let op = if i % 1000 == 999 { "Softmax" } else { "Relu" };
         nodes.push(node(&format!("n{i}"), op, &[&input], &[&output]));
     }

@@ -233,6 +233,21 @@ impl GraphBuilder {
     }
 }
 
+/// The input and output names of node `i` of a chain of `n` nodes from `x` to `y` through
+/// `t0, t1, …`.
+pub fn chain_link(i: usize, n: usize) -> (String, String) {
+    let input = match i {
+        0 => "x".to_string(),
+        _ => format!("t{}", i - 1),
+    };
+    let output = if i + 1 == n {
+        "y".to_string()
+    } else {
+        format!("t{i}")
+    };
+    (input, output)
+}
+
 /// A chain of `n` nodes on one `float[4]` input `x` to the output `y` (ir_version 8, opset 17):
 /// `Identity` nodes, except that nodes from index `adds_from` on are `Add` nodes with one
 /// `float[4]` initializer each (1e-3). The graph-size benchmarks and tests build it.
@@ -240,16 +255,7 @@ pub fn node_chain(n: usize, adds_from: usize) -> ModelProto {
     let mut g = GraphBuilder::new("chain");
     g.input(float_value("x", &[4]));
     for i in 0..n {
-        let input = if i == 0 {
-            "x".to_string()
-        } else {
-            format!("t{}", i - 1)
-        };
-        let output = if i + 1 == n {
-            "y".to_string()
-        } else {
-            format!("t{i}")
-        };
+        let (input, output) = chain_link(i, n);
         if i >= adds_from {
             let c = g.initializer(tensor_f32(&format!("c{i}"), &[4], &[1e-3; 4]));
             g.node(node(&format!("add{i}"), "Add", &[&input, &c], &[&output]));
