@@ -8,7 +8,8 @@
 //!
 //! The semantics are those of the ONNX `Attention` operator (opset 23, with the post-release
 //! errata), restricted to what a kernel needs; the caller (the runtime) handles the ONNX-level
-//! parts (3-D reshapes are expressed as strided views, `past_key`/`past_value` concatenation,
+//! parts (3-D reshapes are expressed as strided views, `past_key`/`past_value` concatenation
+//! unless it calls [`attention_appending`], which builds `present` in the same pass,
 //! the default scale):
 //!
 //! ```text
@@ -31,13 +32,16 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
+mod cache;
 mod decode;
 mod error;
 mod flash;
 mod isa;
+
 pub mod reference;
 mod view;
 
+pub use cache::{append_rows, attention_appending, attention_appending_with_isa, CacheAppend};
 pub use error::KernelError;
 pub use flash::scratch_bytes;
 pub use isa::{Isa, ISA_ENV};

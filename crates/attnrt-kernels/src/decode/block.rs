@@ -12,7 +12,7 @@
 // Raw pointers into validated views are passed with their strides; bundling them obscures it.
 #![allow(clippy::too_many_arguments)]
 
-use super::{Plan, KB};
+use super::{Append, Plan, KB};
 use crate::flash::{JobMask, EXP2_C};
 
 /// Per-thread scratch of the decode tasks.
@@ -43,12 +43,31 @@ impl Rows {
             m: vec![0.0; r],
             l: vec![0.0; r],
             alpha: vec![0.0; r],
-            kbuf: vec![0.0; if plan.ks[3] == 1 { 0 } else { KB * plan.d }],
-            vbuf: vec![0.0; if plan.vs[3] == 1 { 0 } else { KB * plan.dv }],
+            kbuf: vec![
+                0.0;
+                if unit(plan.ks, &plan.append, |a| a.pks) {
+                    0
+                } else {
+                    KB * plan.d
+                }
+            ],
+            vbuf: vec![
+                0.0;
+                if unit(plan.vs, &plan.append, |a| a.pvs) {
+                    0
+                } else {
+                    KB * plan.dv
+                }
+            ],
             kptr: [std::ptr::null(); KB],
             vptr: [std::ptr::null(); KB],
         }
     }
+}
+
+/// Whether every row read (from K or V, and from the past when appending) has adjacent elements.
+fn unit(st: [isize; 4], append: &Option<Append>, past: impl Fn(&Append) -> [isize; 4]) -> bool {
+    st[3] == 1 && append.as_ref().is_none_or(|a| past(a)[3] == 1)
 }
 
 /// Computes split `s` of `(b, kvh)` into `part` = `m[R]`, `l[R]`, `o[R][Dv]` (base-2 running max,
@@ -115,7 +134,13 @@ unsafe fn split<const FMA: bool>(
             rows.alpha[r] = softmax_row::<FMA>(srow, m, l);
         }
         accumulate_pv::<FMA>(plan, rows, nb);
+        if let Some(a) = &plan.append {
+            store_block(plan, a, rows, b, kvh, jb, nb);
+        }
         jb += nb;
+    }
+    if plan.append.is_some() {
+        fence_stores();
     }
     part[..nrows].copy_from_slice(&rows.m);
     part[nrows..2 * nrows].copy_from_slice(&rows.l);
@@ -134,16 +159,10 @@ unsafe fn prefetch_rows(plan: &Plan, b: usize, kvh: usize, jb: usize, end: usize
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        let kbase = plan
-            .k
-            .offset(b as isize * plan.ks[0] + kvh as isize * plan.ks[1]);
-        let vbase = plan
-            .v
-            .offset(b as isize * plan.vs[0] + kvh as isize * plan.vs[1]);
         for j in jb..end.min(jb + KB) {
-            for (base, st, n) in [(kbase, plan.ks, plan.d), (vbase, plan.vs, plan.dv)] {
-                let row = base.offset(j as isize * st[2]);
-                let span = (n.max(1) - 1) as isize * st[3];
+            let (k, v) = (key_row(plan, b, kvh, j), value_row(plan, b, kvh, j));
+            for ((row, st3), n) in [(k, plan.d), (v, plan.dv)] {
+                let span = (n.max(1) - 1) as isize * st3;
                 let mut e = 0;
                 while e <= span {
                     _mm_prefetch::<_MM_HINT_T1>(row.offset(e) as *const i8);
@@ -154,6 +173,127 @@ unsafe fn prefetch_rows(plan: &Plan, b: usize, kvh: usize, jb: usize, end: usize
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (plan, b, kvh, jb, end);
+}
+
+/// Where key `j` of `(b, kvh)` is read, and its element stride: the past for an appending
+/// call's past rows, else K (`present` when appending).
+#[inline(always)]
+unsafe fn key_row(plan: &Plan, b: usize, kvh: usize, j: usize) -> (*const f32, isize) {
+    let past = plan.append.as_ref().map(|a| (a.past_len, a.pk, a.pks));
+    row_of((plan.k, plan.ks), past, b, kvh, j)
+}
+
+/// [`key_row`] for values.
+#[inline(always)]
+unsafe fn value_row(plan: &Plan, b: usize, kvh: usize, j: usize) -> (*const f32, isize) {
+    let past = plan.append.as_ref().map(|a| (a.past_len, a.pv, a.pvs));
+    row_of((plan.v, plan.vs), past, b, kvh, j)
+}
+
+/// Row `j` of `(b, kvh)` of a tensor (base, strides), or of `past` (its length, base,
+/// strides) when `j` is inside it.
+#[inline(always)]
+unsafe fn row_of(
+    tensor: (*const f32, [isize; 4]),
+    past: Option<(usize, *const f32, [isize; 4])>,
+    b: usize,
+    kvh: usize,
+    j: usize,
+) -> (*const f32, isize) {
+    let (base, st) = match past {
+        Some((len, p, ps)) if j < len => (p, ps),
+        _ => tensor,
+    };
+    let at = b as isize * st[0] + kvh as isize * st[1] + j as isize * st[2];
+    (base.offset(at), st[3])
+}
+
+/// Stores the block's past rows (already gathered densely behind `kptr`/`vptr`) into
+/// `present`, while they are still in L1.
+#[inline(always)]
+unsafe fn store_block(
+    plan: &Plan,
+    a: &Append,
+    rows: &Rows,
+    b: usize,
+    kvh: usize,
+    jb: usize,
+    nb: usize,
+) {
+    let n = nb.min(a.past_len.saturating_sub(jb));
+    for t in 0..n {
+        let j = jb + t;
+        let (kd, vd) = present_rows(plan, a, b, kvh, j);
+        store_row(rows.kptr[t], kd, plan.d);
+        store_row(rows.vptr[t], vd, plan.dv);
+    }
+}
+
+/// Copies `n` floats from `src` to `dst`. On x86-64 with `dst` 16-byte aligned, with
+/// non-temporal stores: `present` is far larger than the caches and is not read again in this
+/// step, so the stores skip reading its lines first (which ordinary stores do, a third of the
+/// step's traffic). [`fence_stores`] orders them before the task ends.
+#[inline(always)]
+unsafe fn store_row(src: *const f32, dst: *mut f32, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if (dst as usize).is_multiple_of(16) {
+        use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
+        let mut e = 0;
+        while e + 4 <= n {
+            _mm_stream_ps(dst.add(e), _mm_loadu_ps(src.add(e)));
+            e += 4;
+        }
+        std::ptr::copy_nonoverlapping(src.add(e), dst.add(e), n - e);
+        return;
+    }
+    std::ptr::copy_nonoverlapping(src, dst, n);
+}
+
+/// Makes the non-temporal stores of [`store_row`] visible before anything after it.
+#[inline(always)]
+fn fence_stores() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of the x86-64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
+/// `present_key` and `present_value` row `j` of `(b, kvh)`.
+#[inline(always)]
+unsafe fn present_rows(
+    plan: &Plan,
+    a: &Append,
+    b: usize,
+    kvh: usize,
+    j: usize,
+) -> (*mut f32, *mut f32) {
+    let at = |st: [isize; 4]| b as isize * st[0] + kvh as isize * st[1] + j as isize * st[2];
+    (a.k_out.offset(at(plan.ks)), a.v_out.offset(at(plan.vs)))
+}
+
+/// Copies past rows `keys` of every `(batch, kv-head)` into `present` (the rows no task
+/// visited).
+///
+/// # Safety
+/// `plan` from a live appending call whose tasks have finished.
+pub(crate) unsafe fn store_past_rows(plan: &Plan, keys: std::ops::Range<usize>) {
+    let Some(a) = &plan.append else { return };
+    for b in 0..plan.batch {
+        for kvh in 0..plan.kv_heads {
+            for j in keys.clone() {
+                let (kd, vd) = present_rows(plan, a, b, kvh, j);
+                let (ks, kst) = key_row(plan, b, kvh, j);
+                let (vs, vst) = value_row(plan, b, kvh, j);
+                for e in 0..plan.d {
+                    *kd.add(e) = *ks.offset(e as isize * kst);
+                }
+                for e in 0..plan.dv {
+                    *vd.add(e) = *vs.offset(e as isize * vst);
+                }
+            }
+        }
+    }
 }
 
 /// `qp[r][e] = scale·log2 e · Q[b, h, i, e]` for every row `r = (h, i)` of the group.
@@ -174,28 +314,11 @@ unsafe fn pack_queries(plan: &Plan, rows: &mut Rows, b: usize, kvh: usize) {
 /// Points `kptr`/`vptr` at the block's K and V rows (in place when contiguous, else copied).
 #[inline(always)]
 unsafe fn block_rows(plan: &Plan, rows: &mut Rows, b: usize, kvh: usize, jb: usize, nb: usize) {
-    let kbase = plan
-        .k
-        .offset(b as isize * plan.ks[0] + kvh as isize * plan.ks[1]);
-    let vbase = plan
-        .v
-        .offset(b as isize * plan.vs[0] + kvh as isize * plan.vs[1]);
     for t in 0..nb {
-        let j = (jb + t) as isize;
-        rows.kptr[t] = row_ptr(
-            kbase.offset(j * plan.ks[2]),
-            plan.ks[3],
-            plan.d,
-            &mut rows.kbuf,
-            t,
-        );
-        rows.vptr[t] = row_ptr(
-            vbase.offset(j * plan.vs[2]),
-            plan.vs[3],
-            plan.dv,
-            &mut rows.vbuf,
-            t,
-        );
+        let (k, kst) = key_row(plan, b, kvh, jb + t);
+        let (v, vst) = value_row(plan, b, kvh, jb + t);
+        rows.kptr[t] = row_ptr(k, kst, plan.d, &mut rows.kbuf, t);
+        rows.vptr[t] = row_ptr(v, vst, plan.dv, &mut rows.vbuf, t);
     }
 }
 

@@ -10,8 +10,10 @@
 //!   max, sum and un-normalized output per row (online softmax over blocks of [`KB`] keys), and
 //!   one merge per output row combines the splits afterwards.
 //! * **No copy of the cache, no `Lq×Lk` scratch.** K and V are read in place through their
-//!   strides (the runtime passes `present_key`/`present_value` itself); scratch is one
-//!   `R×KB` score tile and the `R×(Dv+2)` partial state per task.
+//!   strides; scratch is one `R×KB` score tile and the `R×(Dv+2)` partial state per task.
+//! * **`present` built in the same pass** ([`run_appending`], see `crate::cache`): the past
+//!   rows are read from `past_*`, used, and stored into `present_*` by the task that read them
+//!   (non-temporal stores), so a step reads the past once and writes present once.
 //!
 //! Scores are kept in base-2 units (`scale·log2 e` folded into the packed queries) as in the
 //! flash kernel, so the softmax needs `2^x`. The arithmetic is written once, over fixed-size lane
@@ -24,6 +26,7 @@ mod block;
 
 use rayon::prelude::*;
 
+use crate::cache::CacheAppend;
 use crate::flash::JobMask;
 use crate::view::effective_strides;
 use crate::{AttentionParams, Isa, Mask, Problem, View4, ViewMut4};
@@ -74,11 +77,27 @@ pub(crate) struct Plan {
     /// Key splits per (batch, kv-head), each of `split_len` keys (the last may be shorter).
     pub splits: usize,
     pub split_len: usize,
+    /// Set when the call builds `present` (which `k`/`v` point at) from the past as it goes.
+    pub append: Option<Append>,
+}
+
+/// The past of an appending call: keys `j < past_len` are read here instead of from `k`/`v`
+/// and stored into `k_out`/`v_out` (the same buffers as `k`/`v`, strides `ks`/`vs`) once the
+/// block that read them is done.
+pub(crate) struct Append {
+    pub past_len: usize,
+    pub pk: *const f32,
+    pub pks: [isize; 4],
+    pub pv: *const f32,
+    pub pvs: [isize; 4],
+    pub k_out: *mut f32,
+    pub v_out: *mut f32,
 }
 
 // SAFETY: the pointers come from validated views borrowed for the whole call (`run` does not
 // return before every task has finished). Tasks only read Q, K, V and the mask, and write their
-// own partial buffers; only the merge, on the calling thread, writes `out`.
+// own partial buffers; only the merge, on the calling thread, writes `out`. An appending call's
+// tasks also write the `present` rows of their own keys, which no other task reads.
 unsafe impl Sync for Plan {}
 unsafe impl Send for Plan {}
 
@@ -118,20 +137,75 @@ pub(crate) fn run(
         return;
     }
     let plan = plan(p, q, k, v, mask, params, out, rayon::current_num_threads());
+    run_plan(isa, &plan);
+}
+
+/// [`run`] over `present = past ++ current` (see [`CacheAppend`]): K and V rows before the
+/// past's end are read from the past and stored into `present` by the task that visits them;
+/// rows no task visits (past the last query's causal frontier or the mask's keys) are copied
+/// afterwards. `cache` was checked against `p` by the caller.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_appending(
+    isa: Isa,
+    p: &Problem,
+    q: &View4,
+    cache: CacheAppend,
+    mask: &Mask,
+    params: &AttentionParams,
+    out: &mut ViewMut4,
+) {
+    let past_len = cache.past_key.dims[2];
+    let (k_out, v_out) = (
+        cache.present_key.as_mut_ptr(),
+        cache.present_value.as_mut_ptr(),
+    );
+    let present = |data: *mut f32, d: usize| -> View4 {
+        let dims = [p.batch, p.kv_heads, p.kv_len, d];
+        let len = dims.iter().product();
+        // SAFETY: the caller checked the buffer holds exactly `dims` elements; the view only
+        // feeds pointers and strides to the plan, whose reads and writes go through `k_out`.
+        let data = unsafe { std::slice::from_raw_parts(data as *const f32, len) };
+        View4::contiguous(data, dims).expect("present dims checked by the caller")
+    };
+    let (k, v) = (present(k_out, p.head_dim), present(v_out, p.v_head_dim));
+    let threads = rayon::current_num_threads();
+    let mut plan = plan(p, q, &k, &v, mask, params, out, threads);
+    plan.k = k_out as *const f32;
+    plan.v = v_out as *const f32;
+    plan.append = Some(Append {
+        past_len,
+        pk: cache.past_key.data.as_ptr(),
+        pks: effective_strides(&cache.past_key.dims, &cache.past_key.strides),
+        pv: cache.past_value.data.as_ptr(),
+        pvs: effective_strides(&cache.past_value.dims, &cache.past_value.strides),
+        k_out,
+        v_out,
+    });
+    if out.num_elements() == 0 {
+        plan.keys = 0;
+    } else {
+        run_plan(isa, &plan);
+    }
+    // SAFETY: the tasks have finished; rows `plan.keys..past_len` were not written by them.
+    unsafe { block::store_past_rows(&plan, plan.keys.min(past_len)..past_len) };
+}
+
+/// The tasks of a plan (one per batch, kv-head and split) and the merge of their splits.
+fn run_plan(isa: Isa, plan: &Plan) {
     let part_len = plan.rows() * (plan.dv + 2);
     let tasks = plan.batch * plan.kv_heads * plan.splits;
     let mut parts = vec![0.0f32; tasks * part_len];
     let fma = isa != Isa::Scalar;
     parts.par_chunks_mut(part_len).enumerate().for_each_init(
-        || Rows::new(&plan),
+        || Rows::new(plan),
         |rows, (t, part)| {
             let (bh, s) = (t / plan.splits, t % plan.splits);
             let (b, kvh) = (bh / plan.kv_heads, bh % plan.kv_heads);
             // SAFETY: `fma` only when the caller checked AVX2+FMA (Avx512 implies both).
-            unsafe { block::run_split(fma, &plan, rows, b, kvh, s, part) };
+            unsafe { block::run_split(fma, plan, rows, b, kvh, s, part) };
         },
     );
-    merge(&plan, &parts);
+    merge(plan, &parts);
 }
 
 /// The plan of one call: pointers, base-2 constants, visited keys and the split of the keys.
@@ -177,6 +251,7 @@ fn plan(
         keys: p.live_keys,
         splits: 1,
         split_len: 0,
+        append: None,
     };
     plan.keys = plan.row_limit(p.q_len.saturating_sub(1)).min(p.live_keys);
     plan.splits = choose_splits(p.batch * p.kv_heads, plan.keys, threads);

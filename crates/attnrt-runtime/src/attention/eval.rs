@@ -27,9 +27,9 @@ pub(super) fn eval_attention(op: &AttentionOp, inputs: &[TValue]) -> TractResult
     let (qv, kv, vv) = head_views(op, &q, &k, &v)?;
     let [batch, q_heads, q_len, head] = qv.dims;
 
-    let cache = Cache::build(op, inputs, &kv, &vv)?;
-    let (k_view, v_view) = cache.key_value_views(kv, vv)?;
-    let total = k_view.dims[2];
+    let past = past_inputs(op, inputs)?;
+    let mut cache = Cache::build(past.as_ref(), op, &kv, &vv)?;
+    let total = cache.past_len + kv.dims[2];
 
     let mask_f32;
     let mask = match op.mask_index().map(|m| &inputs[m]) {
@@ -44,30 +44,51 @@ pub(super) fn eval_attention(op: &AttentionOp, inputs: &[TValue]) -> TractResult
         .nonpad_index()
         .map(|i| nonpad_lengths(&inputs[i], batch, total))
         .transpose()?;
-
+    let params = AttentionParams {
+        scale: op
+            .scale
+            .unwrap_or_else(|| AttentionParams::default_scale(head)),
+        causal: None,
+        softcap: (op.softcap > 0.0).then_some(op.softcap),
+    };
+    let appended =
+        cache.attend_or_fill(&qv, &mask, &params, op.is_causal, nonpad.is_some(), rank)?;
+    let (k_view, v_view) = cache.key_value_views(kv, vv)?;
     let problem = Problem {
         q: qv,
         k: k_view,
         v: v_view,
         mask,
-        params: AttentionParams {
-            scale: op
-                .scale
-                .unwrap_or_else(|| AttentionParams::default_scale(head)),
-            causal: None,
-            softcap: (op.softcap > 0.0).then_some(op.softcap),
-        },
+        params,
         is_causal: op.is_causal,
         past_len: cache.past_len,
         nonpad,
     };
-    let y = run_y(&problem, rank)?;
+    let y = match appended {
+        Some(y) => y,
+        None => run_y(&problem, rank)?,
+    };
     let scores = op.outputs[3]
         .then(|| run_scores(op, &problem))
         .transpose()?;
     // Ends the borrows of `present_k`/`present_v` before they move into the outputs.
     drop(problem);
-    collect_outputs(op, dt, y, cache, scores)
+    collect_outputs(op, dt, y, cache.into_present(), scores)
+}
+
+/// `past_key` and `past_value` as f32, when the node has them.
+fn past_inputs<'a>(
+    op: &AttentionOp,
+    inputs: &'a [TValue],
+) -> TractResult<Option<(F32Input<'a>, F32Input<'a>)>> {
+    op.past_index()
+        .map(|p| -> TractResult<_> {
+            Ok((
+                to_f32(&inputs[p], "past_key")?,
+                to_f32(&inputs[p + 1], "past_value")?,
+            ))
+        })
+        .transpose()
 }
 
 /// Q, K and V as `[B, H, L, D]` views (3-D inputs split into heads by the node's attributes).
@@ -105,55 +126,132 @@ fn head_views<'a>(
 
 /// `present_key`/`present_value` = past ++ current, built in their output tensors when the node
 /// has a past or outputs them; with a past they are also what the kernel reads (a temporary
-/// only when the node does not output them).
-struct Cache {
-    has_past: bool,
+/// only when the node does not output them). Built with the current rows only; the past rows
+/// are written by [`Cache::attend`] (the kernel, in the same pass that reads them) or by
+/// [`Cache::fill_past`].
+struct Cache<'a> {
+    past: Option<(View4<'a, f32>, View4<'a, f32>)>,
     past_len: usize,
     present_k: Option<Tensor>,
     present_v: Option<Tensor>,
 }
 
-impl Cache {
+/// The present tensors of a finished evaluation.
+struct Present {
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+}
+
+impl<'a> Cache<'a> {
     fn build(
+        past: Option<&'a (F32Input<'_>, F32Input<'_>)>,
         op: &AttentionOp,
-        inputs: &[TValue],
         kv: &View4<f32>,
         vv: &View4<f32>,
-    ) -> TractResult<Cache> {
-        let past = op
-            .past_index()
-            .map(|p| -> TractResult<_> {
+    ) -> TractResult<Cache<'a>> {
+        let past = past
+            .map(|(pk, pv)| -> TractResult<_> {
                 Ok((
-                    to_f32(&inputs[p], "past_key")?,
-                    to_f32(&inputs[p + 1], "past_value")?,
+                    past_view(pk, kv.dims, "past_key")?,
+                    past_view(pv, vv.dims, "past_value")?,
                 ))
             })
             .transpose()?;
-        let past_len = match &past {
-            Some((pk, _)) => dims4(pk.shape(), "past_key")?[2],
-            None => 0,
+        let past_len = past.as_ref().map_or(0, |(pk, _)| pk.dims[2]);
+        let present = |on: bool, p: Option<&View4<f32>>, cur: &View4<f32>| {
+            (past.is_some() || on)
+                .then(|| present_tensor(p, cur, false))
+                .transpose()
         };
-        let present_k = (past.is_some() || op.outputs[1])
-            .then(|| present_tensor(past.as_ref().map(|p| &p.0), kv, "past_key"))
-            .transpose()?;
-        let present_v = (past.is_some() || op.outputs[2])
-            .then(|| present_tensor(past.as_ref().map(|p| &p.1), vv, "past_value"))
-            .transpose()?;
         Ok(Cache {
-            has_past: past.is_some(),
+            present_k: present(op.outputs[1], past.as_ref().map(|p| &p.0), kv)?,
+            present_v: present(op.outputs[2], past.as_ref().map(|p| &p.1), vv)?,
+            past,
             past_len,
-            present_k,
-            present_v,
         })
     }
 
+    /// With a past and no per-batch key counts, Y from [`Cache::attend`] (the kernel builds
+    /// present's past rows itself, reading each once); otherwise the past is copied into present
+    /// for the call over present that follows, and there is no Y yet.
+    fn attend_or_fill(
+        &mut self,
+        q: &View4<f32>,
+        mask: &Mask,
+        params: &AttentionParams,
+        is_causal: bool,
+        per_batch_keys: bool,
+        rank: usize,
+    ) -> TractResult<Option<Tensor>> {
+        if self.past.is_none() || per_batch_keys {
+            self.fill_past()?;
+            return Ok(None);
+        }
+        let params = AttentionParams {
+            causal: is_causal.then_some(self.past_len as isize),
+            ..*params
+        };
+        Ok(Some(self.attend(q, mask, &params, rank)?))
+    }
+
+    /// Y over `present`, the kernel writing present's past rows as it reads them.
+    fn attend(
+        &mut self,
+        q: &View4<f32>,
+        mask: &Mask,
+        params: &AttentionParams,
+        rank: usize,
+    ) -> TractResult<Tensor> {
+        let (pk, pv) = self.past.as_ref().context("attend needs a past")?;
+        let (tk, tv) = (
+            self.present_k
+                .as_mut()
+                .context("present_key was not built")?,
+            self.present_v
+                .as_mut()
+                .context("present_value was not built")?,
+        );
+        let total = tk.shape()[2];
+        let [batch, q_heads, q_len, _] = q.dims;
+        let v_head = pv.dims[3];
+        let mut y = f32_output(&out_shape(rank, [batch, q_heads, q_len, v_head]))?;
+        let mut out = y_view(f32_data_mut(&mut y)?, rank, [batch, q_heads, q_len, v_head])?;
+        let cache = attnrt_kernels::CacheAppend {
+            past_key: pk,
+            past_value: pv,
+            present_key: f32_data_mut(tk)?,
+            present_value: f32_data_mut(tv)?,
+            total,
+        };
+        attnrt_kernels::attention_appending(q, cache, mask, params, &mut out)?;
+        Ok(y)
+    }
+
+    /// Copies the past into present's first rows (the calls [`Cache::attend`] does not serve).
+    fn fill_past(&mut self) -> TractResult<()> {
+        let Some((pk, pv)) = &self.past else {
+            return Ok(());
+        };
+        for (p, t, what) in [
+            (pk, &mut self.present_k, "present_key"),
+            (pv, &mut self.present_v, "present_value"),
+        ] {
+            let t = t
+                .as_mut()
+                .with_context(|| format!("{what} was not built"))?;
+            let total = t.shape()[2];
+            attnrt_kernels::append_rows(p, f32_data_mut(t)?, total, 0);
+        }
+        Ok(())
+    }
+
     /// The keys and values the kernel reads: `present_*` with a past, the current ones without.
-    fn key_value_views<'a>(
-        &'a self,
-        kv: View4<'a, f32>,
-        vv: View4<'a, f32>,
-    ) -> TractResult<(View4<'a, f32>, View4<'a, f32>)> {
-        let view = |t: &'a Option<Tensor>, what: &str| -> TractResult<View4<'a, f32>> {
+    fn key_value_views<'b>(
+        &'b self,
+        kv: View4<'b, f32>,
+        vv: View4<'b, f32>,
+    ) -> TractResult<(View4<'b, f32>, View4<'b, f32>)> {
+        let view = |t: &'b Option<Tensor>, what: &str| -> TractResult<View4<'b, f32>> {
             let t = t
                 .as_ref()
                 .with_context(|| format!("{what} was not built"))?;
@@ -162,13 +260,20 @@ impl Cache {
                 dims4(t.shape(), what)?,
             )?)
         };
-        if !self.has_past {
+        if self.past.is_none() {
             return Ok((kv, vv));
         }
         Ok((
             view(&self.present_k, "present_key")?,
             view(&self.present_v, "present_value")?,
         ))
+    }
+
+    fn into_present(self) -> Present {
+        Present {
+            k: self.present_k,
+            v: self.present_v,
+        }
     }
 }
 
@@ -197,14 +302,18 @@ fn attn_mask<'a>(
 fn run_y(problem: &Problem, rank: usize) -> TractResult<Tensor> {
     let [batch, q_heads, q_len, _] = problem.q.dims;
     let v_head = problem.v.dims[3];
-    let y_shape: Vec<usize> = if rank == 3 {
+    let mut y = f32_output(&out_shape(rank, [batch, q_heads, q_len, v_head]))?;
+    problem.run(f32_data_mut(&mut y)?, rank)?;
+    Ok(y)
+}
+
+/// Y's shape: `[B, Lq, Hq·Dv]` for 3-D inputs, else `[B, Hq, Lq, Dv]`.
+fn out_shape(rank: usize, [batch, q_heads, q_len, v_head]: [usize; 4]) -> Vec<usize> {
+    if rank == 3 {
         vec![batch, q_len, q_heads * v_head]
     } else {
         vec![batch, q_heads, q_len, v_head]
-    };
-    let mut y = f32_output(&y_shape)?;
-    problem.run(f32_data_mut(&mut y)?, rank)?;
-    Ok(y)
+    }
 }
 
 /// `qk_matmul_output` at the stage the node's mode asks for.
@@ -228,16 +337,16 @@ fn collect_outputs(
     op: &AttentionOp,
     dt: DatumType,
     y: Tensor,
-    cache: Cache,
+    present: Present,
     scores: Option<Tensor>,
 ) -> TractResult<TVec<TValue>> {
     let mut results = tvec![finish_output(y, dt)?];
     if op.outputs[1] {
-        let t = cache.present_k.context("present_key was not built")?;
+        let t = present.k.context("present_key was not built")?;
         results.push(finish_output(t, dt)?);
     }
     if op.outputs[2] {
-        let t = cache.present_v.context("present_value was not built")?;
+        let t = present.v.context("present_value was not built")?;
         results.push(finish_output(t, dt)?);
     }
     if let Some(scores) = scores {

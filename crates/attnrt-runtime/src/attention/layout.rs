@@ -3,7 +3,6 @@
 //! broadcast strides, the `nonpad_kv_seqlen` lengths, f16 ↔ f32.
 
 use attnrt_kernels::{Mask, View4, ViewMut4};
-use rayon::prelude::*;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
@@ -104,78 +103,45 @@ pub(super) fn y_view(
     })
 }
 
-/// Copies the strided view `v` into the contiguous `[B, H, T, D]` buffer `out`, at sequence
-/// positions `seq_offset..seq_offset + L`. The `(batch, head)` slices are copied in parallel on
-/// the current pool: with a long cache this copy is most of a decode step's memory traffic (and
-/// its first touch of the freshly allocated output).
-pub(super) fn copy_into_seq(v: &View4<f32>, out: &mut [f32], total: usize, seq_offset: usize) {
-    let [_, h_n, l_n, d_n] = v.dims;
-    if total == 0 || d_n == 0 {
-        return;
+/// `past_key`/`past_value` as a `[B, H, P, D]` view, checked against the current keys' batch,
+/// heads and head size (`cur`'s dims).
+pub(super) fn past_view<'a>(
+    past: &'a F32Input<'_>,
+    cur: [usize; 4],
+    what: &str,
+) -> TractResult<View4<'a, f32>> {
+    let pd = dims4(past.shape(), what)?;
+    if pd[0] != cur[0] || pd[1] != cur[1] || pd[3] != cur[3] {
+        bail!(
+            "{what} has shape {pd:?}, which does not fit the current [B, heads, L, head_size] = {cur:?}"
+        );
     }
-    out.par_chunks_mut(total * d_n)
-        .enumerate()
-        .for_each(|(bh, slice)| {
-            let (b, h) = (bh / h_n, bh % h_n);
-            let src = |l: usize, d: usize| {
-                (b as isize * v.strides[0]
-                    + h as isize * v.strides[1]
-                    + l as isize * v.strides[2]
-                    + d as isize * v.strides[3]) as usize
-            };
-            if v.strides[3] == 1 && v.strides[2] == d_n as isize {
-                // Rows contiguous in the source too (past_key, 4-D inputs): one block copy.
-                let s = src(0, 0);
-                slice[seq_offset * d_n..(seq_offset + l_n) * d_n]
-                    .copy_from_slice(&v.data[s..s + l_n * d_n]);
-                return;
-            }
-            for l in 0..l_n {
-                let row = &mut slice[(seq_offset + l) * d_n..(seq_offset + l + 1) * d_n];
-                if v.strides[3] == 1 {
-                    let s = src(l, 0);
-                    row.copy_from_slice(&v.data[s..s + d_n]);
-                } else {
-                    for (d, x) in row.iter_mut().enumerate() {
-                        *x = v.data[src(l, d)];
-                    }
-                }
-            }
-        });
+    Ok(View4::contiguous(past.data()?, pd)?)
 }
 
-/// `present = concat([past, cur], axis=2)` built directly in a new `[B, H, P+L, D]` f32 tensor
-/// (without `past`, `present` is `cur` in the 4-D layout).
+/// `present = concat([past, cur], axis=2)` as a new `[B, H, P+L, D]` f32 tensor (without `past`,
+/// `present` is `cur` in the 4-D layout). With `fill_past` false only the current rows
+/// `P..P+L` are written: the caller hands the tensor to
+/// [`attnrt_kernels::attention_appending`], which writes rows `0..P`.
 pub(super) fn present_tensor(
-    past: Option<&F32Input<'_>>,
+    past: Option<&View4<'_, f32>>,
     cur: &View4<f32>,
-    what: &str,
+    fill_past: bool,
 ) -> TractResult<Tensor> {
     let cd = cur.dims;
-    let past_view = match past {
-        None => None,
-        Some(p) => {
-            let pd = dims4(p.shape(), what)?;
-            if pd[0] != cd[0] || pd[1] != cd[1] || pd[3] != cd[3] {
-                bail!(
-                    "{what} has shape {pd:?}, which does not fit the current [B, heads, L, head_size] = {cd:?}"
-                );
-            }
-            Some(View4::contiguous(p.data()?, pd)?)
-        }
-    };
-    let past_len = past_view.as_ref().map_or(0, |p| p.dims[2]);
+    let past_len = past.map_or(0, |p| p.dims[2]);
     let total = past_len + cd[2];
     // Not zero-filled: with a long cache the zeroing was a third pass over present's memory.
-    // SAFETY: every element is written below — past fills positions 0..past_len and cur
-    // past_len..total of every (batch, head) slice, and both were checked to have present's
-    // batch, head and head-size extents (f32 has no invalid bit patterns either way).
+    // SAFETY: every element is written before the tensor is read — cur fills positions
+    // past_len..total of every (batch, head) slice here, and past 0..past_len either here or
+    // in the kernel (`fill_past` false); past_view checked both have present's batch, head
+    // and head-size extents (f32 has no invalid bit patterns either way).
     let mut t = unsafe { Tensor::uninitialized::<f32>(&[cd[0], cd[1], total, cd[3]])? };
     let out = f32_data_mut(&mut t)?;
-    if let Some(p) = &past_view {
-        copy_into_seq(p, out, total, 0);
+    if let (Some(p), true) = (past, fill_past) {
+        attnrt_kernels::append_rows(p, out, total, 0);
     }
-    copy_into_seq(cur, out, total, past_len);
+    attnrt_kernels::append_rows(cur, out, total, past_len);
     Ok(t)
 }
 

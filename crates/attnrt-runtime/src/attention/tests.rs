@@ -31,13 +31,14 @@ fn present_appends_current_after_past() {
     let past = to_f32(&past, "past_key").unwrap();
     let cur_data = [3.0, 4.0, 5.0, 6.0];
     let cur = View4::contiguous(&cur_data, [1, 1, 2, 2]).unwrap();
-    let t = present_tensor(Some(&past), &cur, "past_key").unwrap();
+    let past = past_view(&past, cur.dims, "past_key").unwrap();
+    let t = present_tensor(Some(&past), &cur, true).unwrap();
     assert_eq!(t.shape(), &[1, 1, 3, 2]);
     assert_eq!(f32s(&t), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     // Without a past, present is the current keys in the 4-D layout: a 3-D [B, L, H·D]
     // view (B=1, L=2, H=2, D=1) comes out as [B, H, L, D].
     let cur = View4::from_bshd(&cur_data, 1, 2, 2, 1).unwrap();
-    let t = present_tensor(None, &cur, "past_key").unwrap();
+    let t = present_tensor(None, &cur, true).unwrap();
     assert_eq!(t.shape(), &[1, 2, 2, 1]);
     assert_eq!(f32s(&t), &[3.0, 5.0, 4.0, 6.0]);
 }
