@@ -37,7 +37,7 @@ mod decode;
 mod error;
 mod flash;
 mod isa;
-
+pub mod panel;
 pub mod reference;
 mod view;
 

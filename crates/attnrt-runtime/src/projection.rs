@@ -24,6 +24,7 @@
 //!
 //! [`Backend::Tract`] keeps tract's matmul everywhere: the peer baseline of the benches.
 
+use attnrt_kernels::panel::{panel_product_raw, PanelProduct};
 use tract_onnx::model::OnnxOpRegister;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
@@ -410,9 +411,16 @@ fn bias_row(c: &Tensor, n: usize, max_rank: usize) -> Option<Vec<f32>> {
     })
 }
 
-/// Output features per panel of a [`PackedWeight`]: the height of the `gemm` crate's f32
-/// microkernel tile with AVX-512 (4 vectors of 16; with AVX2 it reads half a panel per step).
-const PANEL: usize = 64;
+/// Output features per panel of a [`PackedWeight`]: attnrt's own AVX-512 micro-kernel's width
+/// (`attnrt_kernels::panel`), and the height of the `gemm` crate's f32 tile with AVX-512 (4
+/// vectors of 16; with AVX2 it reads half a panel per step), which serves CPUs without it.
+const PANEL: usize = attnrt_kernels::panel::PANEL;
+
+/// Up to this many tokens a task runs on attnrt's panel kernel (when the CPU has AVX-512),
+/// past it on the `gemm` crate's: one token (a decode step, where the weights stream from
+/// memory) 1.1–1.6× faster on one thread, equal at 4, 2–23 % slower from 16 tokens on
+/// (`cargo bench -p attnrt-benches --bench projection`).
+const PANEL_KERNEL_TOKENS: usize = 4;
 
 /// Tokens per `gemm` call of [`project_packed`].
 const TOKENS: usize = 256;
@@ -542,6 +550,23 @@ pub fn project_packed(
         let tokens = TOKENS.min(m - t0);
         let c0 = c * PANEL;
         let features = PANEL.min(n - c0);
+        let panel = &w.panels[c * k * PANEL..(c + 1) * k * PANEL];
+        let product = PanelProduct {
+            x: &x[t0 * k..(t0 + tokens) * k],
+            x_stride: k,
+            tokens,
+            k,
+            panel,
+            width: features,
+            alpha,
+            accumulate: bias.is_some(),
+        };
+        // SAFETY: the block y[t0.., c0..c0 + features] (row stride n) is inside `y` and written
+        // by this task only.
+        let block = unsafe { out.0.add(t0 * n + c0) };
+        if tokens <= PANEL_KERNEL_TOKENS && unsafe { panel_product_raw(&product, block, n) } {
+            return;
+        }
         // SAFETY: the gemm computes the `features × tokens` block yᵀ[c0.., t0..] = panelᵀ ·
         // xᵀ[.., t0..]: the panel holds `k` columns of PANEL contiguous floats, x's rows t0.. are
         // `k` contiguous floats each, and the block of y (column stride n, row stride 1) is
@@ -552,11 +577,11 @@ pub fn project_packed(
                 features,
                 tokens,
                 k,
-                out.0.add(t0 * n + c0),
+                block,
                 n as isize,
                 1,
                 bias.is_some(),
-                w.panels.as_ptr().add(c * k * PANEL),
+                panel.as_ptr(),
                 PANEL as isize,
                 1,
                 x.as_ptr().add(t0 * k),

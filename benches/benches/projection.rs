@@ -1,0 +1,143 @@
+//! The projection micro-kernel (`attnrt_kernels::panel`, AVX-512, weights pre-packed in panels
+//! of 64 output features) against the `gemm` crate's kernel on the same packed panels — the two
+//! implementations the runtime's projection op can call per task — one thread, on the shapes of
+//! BERT-base / GPT-2 small projections: tokens × k · W[k, n] for (k, n) ∈ {768×768, 768×3072,
+//! 3072×768} and tokens ∈ {128, 512}. Each case runs the op's task loop (blocks of up to 256
+//! tokens × one panel) the two ways in alternation, rounds paired; GFLOP/s (2·tokens·k·n per
+//! run) and the share of this core's FMA peak measured in the same run.
+//!
+//! ```sh
+//! cargo bench -p attnrt-benches --bench projection
+//! ATTNRT_BENCH_ROUNDS=20 ATTNRT_BENCH_LENS=128 cargo bench -p attnrt-benches --bench projection
+//! ```
+
+use std::time::Instant;
+
+use anyhow::Result;
+use attnrt_benches::{env_list, machine_note, measured_fma_peak_gflops, median, Table};
+use attnrt_kernels::panel::{panel_product, PanelProduct, PANEL};
+use attnrt_testkit::seeded_values;
+
+/// Tokens per task, as the runtime's projection op cuts them.
+const TOKENS: usize = 256;
+
+/// y = x · W with the op's task loop, on attnrt's panel kernel or the `gemm` crate.
+fn run(panel_kernel: bool, x: &[f32], panels: &[f32], y: &mut [f32], m: usize, k: usize) {
+    let n = y.len() / m;
+    for t0 in (0..m).step_by(TOKENS) {
+        let tokens = TOKENS.min(m - t0);
+        for c in 0..n.div_ceil(PANEL) {
+            let c0 = c * PANEL;
+            let width = PANEL.min(n - c0);
+            let panel = &panels[c * k * PANEL..(c + 1) * k * PANEL];
+            if panel_kernel {
+                let p = PanelProduct {
+                    x: &x[t0 * k..(t0 + tokens) * k],
+                    x_stride: k,
+                    tokens,
+                    k,
+                    panel,
+                    width,
+                    alpha: 1.0,
+                    accumulate: false,
+                };
+                assert!(panel_product(&p, &mut y[t0 * n + c0..], n), "no AVX-512");
+                continue;
+            }
+            // SAFETY: the same block as above: y[t0.., c0..c0 + width] (row stride n) =
+            // x[t0.., ..] · panel, every pointer inside its slice.
+            unsafe {
+                gemm::gemm(
+                    width,
+                    tokens,
+                    k,
+                    y.as_mut_ptr().add(t0 * n + c0),
+                    n as isize,
+                    1,
+                    false,
+                    panel.as_ptr(),
+                    PANEL as isize,
+                    1,
+                    x.as_ptr().add(t0 * k),
+                    k as isize,
+                    1,
+                    1.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        }
+    }
+}
+
+fn main() -> Result<()> {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        println!("no AVX-512 on this CPU: the panel kernel does not run here");
+        return Ok(());
+    }
+    let lens = env_list("ATTNRT_BENCH_LENS", &[128, 512])?;
+    let rounds = env_list("ATTNRT_BENCH_ROUNDS", &[10])?[0];
+    println!("{}", machine_note());
+    let peak = measured_fma_peak_gflops();
+    println!("one core's FMA peak, measured: {peak:.1} GFLOP/s; 1 thread, {rounds} paired rounds");
+    let mut table = Table::new(&[
+        "tokens × k × n",
+        "panel ms",
+        "gemm ms",
+        "gemm / panel",
+        "panel GFLOP/s",
+        "panel % peak",
+        "gemm % peak",
+        "max |Δ|",
+    ]);
+    for &m in &lens {
+        for (k, n) in [(768usize, 768usize), (768, 3072), (3072, 768)] {
+            let x = seeded_values(m * k, 1);
+            let panels = seeded_values(n.div_ceil(PANEL) * k * PANEL, 2);
+            let (mut y1, mut y2) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for r in 0..rounds + 1 {
+                let order = if r % 2 == 0 {
+                    [true, false]
+                } else {
+                    [false, true]
+                };
+                for panel_kernel in order {
+                    let y = if panel_kernel { &mut y1 } else { &mut y2 };
+                    let t = Instant::now();
+                    run(panel_kernel, &x, &panels, y, m, k);
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    if r > 0 {
+                        if panel_kernel {
+                            a.push(ms)
+                        } else {
+                            b.push(ms)
+                        }
+                    }
+                }
+            }
+            let diff = y1
+                .iter()
+                .zip(&y2)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f32::max);
+            let (pa, pb) = (median(&a), median(&b));
+            let gflop = 2.0 * (m * k * n) as f64 / 1e9;
+            table.row(vec![
+                format!("{m} × {k} × {n}"),
+                format!("{pa:.3}"),
+                format!("{pb:.3}"),
+                format!("{:.2}", pb / pa),
+                format!("{:.1}", gflop / (pa * 1e-3)),
+                format!("{:.0}", 100.0 * gflop / (pa * 1e-3) / peak),
+                format!("{:.0}", 100.0 * gflop / (pb * 1e-3) / peak),
+                format!("{diff:.1e}"),
+            ]);
+        }
+    }
+    println!("{}", table.render());
+    Ok(())
+}

@@ -1,0 +1,249 @@
+//! Matrix products against a pre-packed weight panel: the projections of a transformer
+//! (`x · W` with a constant `W`), a block of tokens times one panel of [`PANEL`] output
+//! features at a time.
+//!
+//! A panel holds `W[kk][c0 + i]` at `kk·PANEL + i`: for each input feature the panel's output
+//! features are one aligned row of 64 floats, four AVX-512 vectors. The micro-kernel keeps
+//! `MR × 4` accumulators (`MR` = 6 tokens) in registers; per input feature it loads the panel
+//! row once and broadcasts one input value per token, so the tokens are read in place (no copy
+//! of `x`) and the weight is never repacked per call. AVX-512 only: without it callers use
+//! another implementation ([`panel_product`] reports whether it ran).
+
+/// Output features per panel.
+pub const PANEL: usize = 64;
+
+/// Tokens per register tile.
+const MR: usize = 6;
+
+/// One product: `y[t][i] (+)= alpha · Σₖₖ x[t][kk] · panel[kk·PANEL + i]` for `t < tokens`,
+/// `i < width`, where the sum is added onto `y` when `accumulate` (else it replaces it).
+pub struct PanelProduct<'a> {
+    /// `tokens` rows of `k` inputs, row `t` at `x[t·x_stride..]`
+    pub x: &'a [f32],
+    /// distance between token rows of `x`, `≥ k`
+    pub x_stride: usize,
+    /// rows of `x` and `y`
+    pub tokens: usize,
+    /// input features
+    pub k: usize,
+    /// `k · PANEL` weights
+    pub panel: &'a [f32],
+    /// output features of this panel used, `≤ PANEL`
+    pub width: usize,
+    /// scale of the product
+    pub alpha: f32,
+    /// add onto `y` (which holds e.g. a bias) instead of overwriting it
+    pub accumulate: bool,
+}
+
+/// Runs `p` into `y` (row `t` at `y[t·y_stride..]`, `width` elements) when the CPU has
+/// AVX-512, returning `false` (and writing nothing) otherwise.
+///
+/// # Panics
+/// If the slices are too short for the sizes given.
+pub fn panel_product(p: &PanelProduct, y: &mut [f32], y_stride: usize) -> bool {
+    if p.tokens > 0 && p.width > 0 {
+        assert!(
+            y.len() >= (p.tokens - 1) * y_stride + p.width,
+            "y too short"
+        );
+    }
+    // SAFETY: `y` is borrowed mutably and holds every row written.
+    unsafe { panel_product_raw(p, y.as_mut_ptr(), y_stride) }
+}
+
+/// [`panel_product`] into a raw output (tasks that write disjoint blocks of one matrix).
+///
+/// # Safety
+/// `y.add(t·y_stride + i)` for `t < tokens`, `i < width` must be valid for reads and writes and
+/// not accessed by anything else during the call.
+///
+/// # Panics
+/// If `x` or the panel are too short for the sizes given.
+pub unsafe fn panel_product_raw(p: &PanelProduct, y: *mut f32, y_stride: usize) -> bool {
+    assert!(p.width <= PANEL && p.x_stride >= p.k && y_stride >= p.width);
+    assert!(p.panel.len() >= p.k * PANEL, "panel shorter than k·PANEL");
+    if p.tokens == 0 || p.width == 0 {
+        return true;
+    }
+    assert!(
+        p.x.len() >= (p.tokens - 1) * p.x_stride + p.k,
+        "x too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F checked; the asserts above keep every read of x and the panel
+        // inside their slices, the caller vouches for y.
+        unsafe { avx512::product(p, y, y_stride) };
+        return true;
+    }
+    let _ = y;
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{PanelProduct, MR, PANEL};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn product(p: &PanelProduct, y: *mut f32, y_stride: usize) {
+        // Input features in blocks of KC: the block's panel rows (KC·256 bytes) stay in L1
+        // while every token tile uses them; each block after the first adds onto y.
+        let mut k0 = 0;
+        while k0 < p.k {
+            let kc = KC.min(p.k - k0);
+            let accumulate = p.accumulate || k0 > 0;
+            let mut t = 0;
+            while t < p.tokens {
+                let rows = MR.min(p.tokens - t);
+                let x = p.x.as_ptr().add(t * p.x_stride + k0);
+                let w = p.panel.as_ptr().add(k0 * PANEL);
+                let yt = y.add(t * y_stride);
+                let tile = Tile {
+                    x,
+                    xs: p.x_stride,
+                    w,
+                    kc,
+                    y: yt,
+                    ys: y_stride,
+                };
+                match rows {
+                    6 => tile.run::<6>(p.width, p.alpha, accumulate),
+                    5 => tile.run::<5>(p.width, p.alpha, accumulate),
+                    4 => tile.run::<4>(p.width, p.alpha, accumulate),
+                    3 => tile.run::<3>(p.width, p.alpha, accumulate),
+                    2 => tile.run::<2>(p.width, p.alpha, accumulate),
+                    _ => tile.run::<1>(p.width, p.alpha, accumulate),
+                }
+                t += rows;
+            }
+            k0 += kc;
+        }
+    }
+
+    /// Input features per block of [`product`].
+    const KC: usize = 128;
+
+    /// One register tile's operands: `kc` inputs of up to `MR` token rows (`x`, row stride
+    /// `xs`), the panel rows `w`, and the output rows `y` (row stride `ys`).
+    struct Tile {
+        x: *const f32,
+        xs: usize,
+        w: *const f32,
+        kc: usize,
+        y: *mut f32,
+        ys: usize,
+    }
+
+    impl Tile {
+        /// `R` tokens × the panel: `R·4` accumulators over the block's input features, then
+        /// one (masked) store per vector: `y = alpha·acc`, or `y += alpha·acc`.
+        #[inline(always)]
+        unsafe fn run<const R: usize>(&self, width: usize, alpha: f32, accumulate: bool) {
+            let mut acc = [[_mm512_setzero_ps(); 4]; R];
+            for kk in 0..self.kc {
+                let row = self.w.add(kk * PANEL);
+                let wv = [
+                    _mm512_loadu_ps(row),
+                    _mm512_loadu_ps(row.add(16)),
+                    _mm512_loadu_ps(row.add(32)),
+                    _mm512_loadu_ps(row.add(48)),
+                ];
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let a = _mm512_set1_ps(*self.x.add(r * self.xs + kk));
+                    for (j, acc_rj) in acc_r.iter_mut().enumerate() {
+                        *acc_rj = _mm512_fmadd_ps(a, wv[j], *acc_rj);
+                    }
+                }
+            }
+            let alpha = _mm512_set1_ps(alpha);
+            for (r, acc_r) in acc.iter().enumerate() {
+                let yr = self.y.add(r * self.ys);
+                for (j, acc_rj) in acc_r.iter().enumerate() {
+                    let c0 = j * 16;
+                    if c0 >= width {
+                        break;
+                    }
+                    let lanes = (width - c0).min(16);
+                    let m: __mmask16 = if lanes == 16 {
+                        0xffff
+                    } else {
+                        (1u16 << lanes) - 1
+                    };
+                    let dst = yr.add(c0);
+                    let v = if accumulate {
+                        _mm512_fmadd_ps(alpha, *acc_rj, _mm512_maskz_loadu_ps(m, dst))
+                    } else {
+                        _mm512_mul_ps(alpha, *acc_rj)
+                    };
+                    _mm512_mask_storeu_ps(dst, m, v);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ramp(n: usize, c: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32) * 0.37 + c).sin()).collect()
+    }
+
+    #[test]
+    fn matches_a_naive_product_on_every_tile_height_and_width() {
+        for (tokens, k, width, accumulate) in [
+            (13, 70, 64, false),
+            (9, 300, 64, false),
+            (8, 257, 31, true),
+            (6, 3, 17, true),
+            (1, 128, 64, true),
+            (11, 1, 1, false),
+            (7, 33, 48, true),
+        ] {
+            let xs = k + 3;
+            let ys = width + 5;
+            let x = ramp(tokens * xs, 0.1);
+            let panel = ramp(k * PANEL, 0.2);
+            let y0 = ramp(tokens * ys, 0.3);
+            let mut y = y0.clone();
+            let p = PanelProduct {
+                x: &x,
+                x_stride: xs,
+                tokens,
+                k,
+                panel: &panel,
+                width,
+                alpha: 0.5,
+                accumulate,
+            };
+            if !panel_product(&p, &mut y, ys) {
+                return; // no AVX-512 here: nothing ran, nothing to check
+            }
+            for t in 0..tokens {
+                for c in 0..ys {
+                    let got = y[t * ys + c];
+                    if c >= width {
+                        assert_eq!(got, y0[t * ys + c], "t{t} c{c} outside the width");
+                        continue;
+                    }
+                    let dot: f64 = (0..k)
+                        .map(|kk| x[t * xs + kk] as f64 * panel[kk * PANEL + c] as f64)
+                        .sum();
+                    let base = if accumulate {
+                        y0[t * ys + c] as f64
+                    } else {
+                        0.0
+                    };
+                    let want = base + 0.5 * dot;
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "tokens {tokens} k {k} width {width}: y[{t}][{c}] = {got}, want {want}"
+                    );
+                }
+            }
+        }
+    }
+}
