@@ -134,7 +134,13 @@ impl Plan {
             values,
             |ctx: &EvalContext, op_state, node: &TypedNode, inputs| -> TractResult<_> {
                 let started = std::time::Instant::now();
-                let outputs = eval_node(ctx, op_state, node, inputs)?;
+                // A panic inside tract (an index out of range on bad input values, say) becomes
+                // this node's error, so that the message names the node.
+                let outputs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    eval_node(ctx, op_state, node, inputs)
+                }))
+                .unwrap_or_else(|p| Err(anyhow::anyhow!("tract panicked: {}", panic_message(&*p))))
+                .with_context(|| format!("node '{}' ({})", node.name, node.op.name()))?;
                 observe(node, started.elapsed());
                 if symbolic {
                     check_outputs(ctx, node, &outputs)?;
@@ -144,6 +150,14 @@ impl Plan {
         )?;
         Ok(outputs)
     }
+}
+
+/// The message of a caught panic (`panic!` with a format string or a literal).
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> &str {
+    p.downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| p.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic")
 }
 
 /// The declared size of `axis` of an input as tract parsed it (a number, or an expression of

@@ -52,14 +52,10 @@ fn guarded<R>(what: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
     let _depth = Depth;
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(r) => r,
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| p.downcast_ref::<&str>().copied())
-                .unwrap_or("unknown panic");
-            bail!("{what}: tract failed internally ({msg})")
-        }
+        Err(p) => bail!(
+            "{what}: tract failed internally ({})",
+            crate::plan::panic_message(&*p)
+        ),
     }
 }
 
@@ -388,27 +384,35 @@ impl Session {
         inputs: &[NamedTensor],
         profile: bool,
     ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
-        let refs: Vec<&NamedTensor> = self
+        let used = self
             .inputs
             .iter()
-            .map(|spec| self.find_input(inputs, &spec.name))
+            .map(|spec| self.find_input(inputs, &spec.name).cloned())
             .collect::<Result<_>>()?;
-        let plan = self.plan_for(&refs)?;
-        let values = refs
-            .iter()
-            .map(|t| t.tensor.clone().into_tvalue())
-            .collect();
-        let shapes: Vec<(DatumType, Vec<usize>)> = refs
-            .iter()
-            .map(|t| (t.tensor.datum_type(), t.tensor.shape().to_vec()))
-            .collect();
-        self.run_plan_shapes(plan, values, &shapes, profile)
+        self.run_ordered(used, profile)
     }
 
     /// Runs the model once, consuming `inputs` (same rules as [`Session::run`]): the tensors
     /// move into tract without a copy, so the run's extra memory is the graph's intermediates
     /// and outputs only. Inputs the graph does not use are dropped.
-    pub fn run_owned(&self, mut inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
+    pub fn run_owned(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
+        Ok(self.run_ordered(self.order_inputs(inputs)?, false)?.0)
+    }
+
+    /// [`Session::run_owned`], timing every node as [`Session::run_profiled`] does.
+    pub fn run_owned_profiled(
+        &self,
+        inputs: Vec<NamedTensor>,
+    ) -> Result<(Vec<NamedTensor>, Profile)> {
+        let started = std::time::Instant::now();
+        let (outputs, profile) = self.run_ordered(self.order_inputs(inputs)?, true)?;
+        let mut profile = profile.unwrap_or_default();
+        profile.set_wall(started.elapsed());
+        Ok((outputs, profile))
+    }
+
+    /// `inputs` in the graph's input order, unused ones dropped.
+    fn order_inputs(&self, mut inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
         let mut ordered = Vec::with_capacity(self.inputs.len());
         for spec in &self.inputs {
             let at = inputs
@@ -419,7 +423,15 @@ impl Session {
                 })?;
             ordered.push(inputs.swap_remove(at));
         }
-        drop(inputs);
+        Ok(ordered)
+    }
+
+    /// Runs on the graph's inputs in order, moving them into tract.
+    fn run_ordered(
+        &self,
+        ordered: Vec<NamedTensor>,
+        profile: bool,
+    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
         let refs: Vec<&NamedTensor> = ordered.iter().collect();
         let plan = self.plan_for(&refs)?;
         let shapes: Vec<(DatumType, Vec<usize>)> = ordered
@@ -430,7 +442,7 @@ impl Session {
             .into_iter()
             .map(|t| t.tensor.into_tvalue())
             .collect();
-        Ok(self.run_plan_shapes(plan, values, &shapes, false)?.0)
+        self.run_plan_shapes(plan, values, &shapes, profile)
     }
 
     fn find_input<'a>(&self, inputs: &'a [NamedTensor], name: &str) -> Result<&'a NamedTensor> {

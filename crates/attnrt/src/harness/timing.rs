@@ -83,6 +83,8 @@ pub struct PairedTiming {
 /// (shared hosts, turbo), timing all of `a`'s runs and then all of `b`'s compares two different
 /// moments; the per-round ratio compares runs taken seconds apart. `progress` is called after
 /// every run, warm-up included (`2·(warmup + reps)` calls), so a caller can draw a progress bar.
+/// Each timed run moves its own copy of `inputs` into the session (`Session::run_owned`),
+/// copied before its clock starts.
 pub fn time_paired(
     a: &Session,
     b: &Session,
@@ -124,13 +126,17 @@ fn time_rounds(
         }
     }
     let mut profiles = [Profile::default(), Profile::default()];
+    // Each timed run gets its own copy of the inputs, made before the clock starts and moved
+    // into the session: the time is the model's, as in a decode loop that feeds its outputs
+    // back (and as ONNX Runtime's Python binding reads numpy inputs in place).
     let mut timed = |s: &Session, slot: usize| -> Result<f64> {
+        let owned = inputs.to_vec();
         let t = Instant::now();
         if profile {
-            let (_, p) = s.run_profiled(inputs)?;
+            let (_, p) = s.run_owned_profiled(owned)?;
             profiles[slot].merge(p);
         } else {
-            s.run(inputs)?;
+            s.run_owned(owned)?;
         }
         let ms = t.elapsed().as_secs_f64() * 1e3;
         progress();
