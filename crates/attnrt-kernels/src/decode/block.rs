@@ -139,7 +139,7 @@ unsafe fn split<const FMA: bool>(
         }
         jb += nb;
     }
-    if plan.append.is_some() {
+    if plan.append.as_ref().is_some_and(|a| a.stream) {
         fence_stores();
     }
     part[..nrows].copy_from_slice(&rows.m);
@@ -224,19 +224,19 @@ unsafe fn store_block(
     for t in 0..n {
         let j = jb + t;
         let (kd, vd) = present_rows(plan, a, b, kvh, j);
-        store_row(rows.kptr[t], kd, plan.d);
-        store_row(rows.vptr[t], vd, plan.dv);
+        store_row(rows.kptr[t], kd, plan.d, a.stream);
+        store_row(rows.vptr[t], vd, plan.dv, a.stream);
     }
 }
 
-/// Copies `n` floats from `src` to `dst`. On x86-64 with `dst` 16-byte aligned, with
-/// non-temporal stores: `present` is far larger than the caches and is not read again in this
-/// step, so the stores skip reading its lines first (which ordinary stores do, a third of the
-/// step's traffic). [`fence_stores`] orders them before the task ends.
+/// Copies `n` floats from `src` to `dst`. With `stream`, on x86-64 with `dst` 16-byte aligned,
+/// with non-temporal stores: a large `present` is not read again in this step, so the stores
+/// skip reading its lines first (which ordinary stores do, a third of the step's traffic).
+/// [`fence_stores`] orders them before the task ends.
 #[inline(always)]
-unsafe fn store_row(src: *const f32, dst: *mut f32, n: usize) {
+unsafe fn store_row(src: *const f32, dst: *mut f32, n: usize, stream: bool) {
     #[cfg(target_arch = "x86_64")]
-    if (dst as usize).is_multiple_of(16) {
+    if stream && (dst as usize).is_multiple_of(16) {
         use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
         let mut e = 0;
         while e + 4 <= n {

@@ -92,7 +92,15 @@ pub(crate) struct Append {
     pub pvs: [isize; 4],
     pub k_out: *mut f32,
     pub v_out: *mut f32,
+    /// Store `present` with non-temporal stores (it is at least [`STREAM_MIN_BYTES`]).
+    pub stream: bool,
 }
+
+/// From this size of `present_key` + `present_value` on, the decode path writes them with
+/// non-temporal stores. A smaller cache stays in the caches from one step to the next, where
+/// bypassing them would make the next step read it from memory (the shipped tiny decoders, a
+/// few hundred KB per layer, took twice as long per token); a larger one is evicted anyway.
+pub(crate) const STREAM_MIN_BYTES: usize = 4 << 20;
 
 // SAFETY: the pointers come from validated views borrowed for the whole call (`run` does not
 // return before every task has finished). Tasks only read Q, K, V and the mask, and write their
@@ -180,6 +188,7 @@ pub(crate) fn run_appending(
         pvs: effective_strides(&cache.past_value.dims, &cache.past_value.strides),
         k_out,
         v_out,
+        stream: (k.num_elements() + v.num_elements()) * 4 >= STREAM_MIN_BYTES,
     });
     if out.num_elements() == 0 {
         plan.keys = 0;
