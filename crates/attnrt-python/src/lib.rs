@@ -12,6 +12,13 @@ mod convert;
 mod session;
 mod signature;
 
+/// mimalloc, as the CLI: it keeps freed blocks for reuse, so a decode loop's `present_*` tensors
+/// are not page-faulted in afresh every step. Built with its `local_dynamic_tls` feature: this
+/// module is loaded with `dlopen`, where mimalloc's default initial-exec TLS does not fit
+/// ("cannot allocate memory in static TLS block").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 
 use attnrt_onnx::{Limits, Message, ModelProto};
