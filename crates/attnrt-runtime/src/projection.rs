@@ -417,10 +417,21 @@ fn bias_row(c: &Tensor, n: usize, max_rank: usize) -> Option<Vec<f32>> {
 const PANEL: usize = attnrt_kernels::panel::PANEL;
 
 /// Up to this many tokens a task runs on attnrt's panel kernel (when the CPU has AVX-512),
-/// past it on the `gemm` crate's: one token (a decode step, where the weights stream from
-/// memory) 1.1–1.6× faster on one thread, equal at 4, 2–23 % slower from 16 tokens on
-/// (`cargo bench -p attnrt-benches --bench projection`).
+/// past it on the `gemm` crate's — unless the panel kernel is the faster one for many tokens
+/// too on this CPU ([`attnrt_kernels::panel::fastest_for_many_tokens`]). On the Intel VM
+/// measured: one token (a decode step, where the weights stream from memory) 1.1–1.6× faster
+/// on one thread, equal at 4, 2–23 % slower from 16 tokens on (`cargo bench -p attnrt-benches
+/// --bench projection`).
 const PANEL_KERNEL_TOKENS: usize = 4;
+
+/// The most tokens a task of [`project_packed`] runs on the panel kernel on this CPU.
+fn panel_kernel_tokens() -> usize {
+    if attnrt_kernels::panel::fastest_for_many_tokens() {
+        usize::MAX
+    } else {
+        PANEL_KERNEL_TOKENS
+    }
+}
 
 /// Tokens per `gemm` call of [`project_packed`].
 const TOKENS: usize = 256;
@@ -513,7 +524,8 @@ unsafe impl Sync for OutPtr {}
 
 /// [`project`] with the weight already packed: `y[m×n] = alpha · x[m×k] · W (+ bias)`. The
 /// product runs as tasks of up to `TOKENS` tokens × one panel of `PANEL` output features on
-/// the current rayon pool, each one single-threaded `gemm` call that writes its own block of `y`.
+/// the current rayon pool, each one single-threaded call of attnrt's panel kernel or of `gemm`
+/// (whichever is faster for its tokens on this CPU) that writes its own block of `y`.
 pub fn project_packed(
     x: &[f32],
     w: &PackedWeight,
@@ -521,6 +533,20 @@ pub fn project_packed(
     m: usize,
     alpha: f32,
     bias: Option<&[f32]>,
+) {
+    project_on(x, w, y, m, alpha, bias, panel_kernel_tokens());
+}
+
+/// [`project_packed`] with tasks of up to `panel_tokens` tokens on the panel kernel (when the
+/// CPU has AVX-512) and larger ones on `gemm`.
+fn project_on(
+    x: &[f32],
+    w: &PackedWeight,
+    y: &mut [f32],
+    m: usize,
+    alpha: f32,
+    bias: Option<&[f32]>,
+    panel_tokens: usize,
 ) {
     let (k, n) = (w.k, w.n);
     assert!(x.len() == m * k && y.len() == m * n);
@@ -564,7 +590,7 @@ pub fn project_packed(
         // SAFETY: the block y[t0.., c0..c0 + features] (row stride n) is inside `y` and written
         // by this task only.
         let block = unsafe { out.0.add(t0 * n + c0) };
-        if tokens <= PANEL_KERNEL_TOKENS && unsafe { panel_product_raw(&product, block, n) } {
+        if tokens <= panel_tokens && unsafe { panel_product_raw(&product, block, n) } {
             return;
         }
         // SAFETY: the gemm computes the `features × tokens` block yᵀ[c0.., t0..] = panelᵀ ·
@@ -710,20 +736,36 @@ mod tests {
             let x = values(m * k, 1);
             let w = values(k * n, 2);
             let want = naive(&x, &w, m, k, n);
-            for threaded in [false, true] {
+            let packed = PackedWeight::new(&w, k, n);
+            // gemm past 4 tokens, the panel kernel for every task (where the CPU has AVX-512)
+            for (threaded, panel_tokens) in [
+                (false, 4),
+                (true, 4),
+                (false, usize::MAX),
+                (true, usize::MAX),
+            ] {
                 let mut y = vec![f32::NAN; m * n];
+                let run = |y: &mut [f32]| project_on(&x, &packed, y, m, 1.0, None, panel_tokens);
                 if threaded {
-                    pool.install(|| project(&x, &w, &mut y, m, k, n, 1.0, None));
+                    pool.install(|| run(&mut y));
                 } else {
-                    project(&x, &w, &mut y, m, k, n, 1.0, None);
+                    run(&mut y);
                 }
                 for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
                     let tol = 1e-5 * (k as f64).max(1.0);
                     assert!(
                         (g as f64 - e).abs() <= tol,
-                        "m{m} k{k} n{n} threaded={threaded}: y[{i}] = {g}, want {e}"
+                        "m{m} k{k} n{n} threaded={threaded} panel_tokens={panel_tokens}: y[{i}] = {g}, want {e}"
                     );
                 }
+            }
+            let mut y = vec![f32::NAN; m * n];
+            project(&x, &w, &mut y, m, k, n, 1.0, None);
+            for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
+                assert!(
+                    (g as f64 - e).abs() <= 1e-5 * (k as f64).max(1.0),
+                    "project: y[{i}]"
+                );
             }
         }
     }
