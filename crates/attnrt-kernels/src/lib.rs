@@ -27,6 +27,9 @@
 //! whenever `Q·Kᵀ` is finite; with infinite inputs the kernel may give NaN where the spec gives 0.
 //! A problem with no keys at all (`Lk == 0`, or a causal offset that excludes every key) is the
 //! same case: zero rows.
+//!
+//! Besides attention, the other kernels a transformer's run spends its time in: [`panel`] (the
+//! projections, against weights packed once) and [`norm`] (layer normalization over rows).
 
 #![warn(missing_docs)]
 
@@ -37,6 +40,7 @@ mod decode;
 mod error;
 mod flash;
 mod isa;
+pub mod norm;
 pub mod panel;
 pub mod reference;
 mod view;

@@ -6,6 +6,8 @@
 //! - [`attention`]: attnrt's parser for the ONNX `Attention` op (opsets 23 and 24), replacing
 //!   tract's, so every `Attention` node runs on `attnrt_kernels`.
 //! - [`projection`]: `MatMul` by a constant weight (the projections) on the `gemm` crate.
+//! - [`layer_norm`]: `LayerNormalization` as one op over rows.
+//! - [`gelu`]: `Gelu` split over the session's threads.
 //! - [`tensor`]: named tensors, and the inputs a model declares.
 //! - [`plan`]: plans per input shape, kept in a bounded cache.
 //! - [`profile`]: where a run's time goes, per op kind and per node
@@ -18,6 +20,8 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod gelu;
+pub mod layer_norm;
 mod lower;
 pub mod plan;
 pub mod profile;
@@ -25,6 +29,7 @@ pub mod projection;
 pub mod session;
 pub mod tensor;
 pub mod threads;
+mod tract_parser;
 
 pub use plan::PlanStats;
 pub use profile::{NodeTime, OpTime, Profile, ProfileReport};

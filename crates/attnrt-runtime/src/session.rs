@@ -17,7 +17,8 @@ use crate::tensor::NamedTensor;
 use crate::threads::Threads;
 
 /// The ONNX front-end of tract with attnrt's `Attention` parser in place of tract's, and
-/// constant-weight `MatMul`s on attnrt's projection op ([`Backend::Attnrt`]).
+/// constant-weight `MatMul`s on attnrt's projection op, `LayerNormalization` and
+/// `Gelu` on its own ops ([`Backend::Attnrt`]).
 pub fn onnx_frontend() -> tract_onnx::Onnx {
     onnx_frontend_with(Backend::default())
 }
@@ -27,6 +28,8 @@ pub fn onnx_frontend_with(backend: Backend) -> tract_onnx::Onnx {
     let mut onnx = tract_onnx::onnx();
     crate::attention::register(&mut onnx.op_register);
     crate::projection::register(&mut onnx.op_register, backend);
+    crate::layer_norm::register(&mut onnx.op_register, backend);
+    crate::gelu::register(&mut onnx.op_register, backend);
     onnx
 }
 

@@ -1,0 +1,168 @@
+//! `LayerNormalization` runs on attnrt's row op (`Backend::Attnrt`) where that is exact, on
+//! tract's expansion otherwise, and both backends give the same numbers.
+
+use attnrt_onnx::attr::{make_float, make_int};
+use attnrt_onnx::{DataType, ModelProto};
+use attnrt_runtime::{Backend, NamedTensor, Session, Tensor, Threads};
+use attnrt_testkit::{model, node_with_attrs, seeded_values, tensor_f32, value_info, GraphBuilder};
+
+/// What the test model's `LayerNormalization` node gets.
+struct Case {
+    x: &'static [usize],
+    axis: i64,
+    /// dims of the scale initializer
+    scale: &'static [i64],
+    /// dims of the bias initializer, or no bias input
+    bias: Option<&'static [i64]>,
+    /// whether the node also asks for its `Mean` output
+    mean_output: bool,
+}
+
+fn layer_norm_model(c: &Case) -> ModelProto {
+    let mut g = GraphBuilder::new("ln");
+    let dims: Vec<i64> = c.x.iter().map(|&d| d as i64).collect();
+    g.input(value_info("x", DataType::Float, &dims));
+    let count = |d: &[i64]| d.iter().product::<i64>() as usize;
+    g.initializer(tensor_f32(
+        "scale",
+        c.scale,
+        &seeded_values(count(c.scale), 5),
+    ));
+    let mut inputs = vec!["x", "scale"];
+    if let Some(b) = c.bias {
+        g.initializer(tensor_f32("bias", b, &seeded_values(count(b), 6)));
+        inputs.push("bias");
+    }
+    let mut outputs = vec!["y"];
+    if c.mean_output {
+        outputs.push("mean");
+    }
+    g.node(node_with_attrs(
+        "/encoder/LayerNorm",
+        "LayerNormalization",
+        &inputs,
+        &outputs,
+        vec![make_int("axis", c.axis), make_float("epsilon", 1e-5)],
+    ));
+    g.output(value_info("y", DataType::Float, &dims));
+    if c.mean_output {
+        g.output(value_info("mean", DataType::Float, &["?"; 0]));
+    }
+    model(g.finish(), 17)
+}
+
+/// `y` and the planned op names on `backend`.
+fn run(
+    m: &ModelProto,
+    x: &NamedTensor,
+    backend: Backend,
+    threads: usize,
+) -> (Vec<f32>, Vec<String>) {
+    let threads = Threads::new(Some(threads)).unwrap();
+    let inputs = std::slice::from_ref(x);
+    let s = Session::build_with(m, inputs, &threads, "ln.onnx", backend).unwrap();
+    let out = s.run(inputs).unwrap();
+    let y = out[0].tensor.to_plain_array_view::<f32>().unwrap();
+    assert_eq!(y.shape(), x.tensor.shape());
+    (y.iter().copied().collect(), s.op_names())
+}
+
+fn check(c: &Case, native: bool) {
+    let m = layer_norm_model(c);
+    let n = c.x.iter().product();
+    // an offset mean, as activations after a residual add have
+    let values: Vec<f32> = seeded_values(n, 1).iter().map(|v| 4.0 * v + 3.0).collect();
+    let x = NamedTensor {
+        name: "x".into(),
+        tensor: Tensor::from_shape(c.x, &values).unwrap(),
+    };
+    let (want, tract_ops) = run(&m, &x, Backend::Tract, 2);
+    assert!(!tract_ops.iter().any(|o| o == "AttnrtLayerNorm"));
+    for threads in [1, 2] {
+        let (got, ops) = run(&m, &x, Backend::Attnrt, threads);
+        let uses = ops.iter().any(|o| o == "AttnrtLayerNorm");
+        assert_eq!(uses, native, "x {:?} axis {}: ops {ops:?}", c.x, c.axis);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 + 1e-5 * w.abs(),
+                "x {:?} axis {} threads {threads}: y[{i}] = {g}, tract {w}",
+                c.x,
+                c.axis
+            );
+        }
+    }
+}
+
+#[test]
+fn last_axis_normalizations_run_as_one_op_and_agree_with_tract() {
+    for (x, scale) in [
+        (&[2usize, 5, 48][..], &[48i64][..]),
+        (&[1, 7, 33], &[1, 33]),
+    ] {
+        for bias in [None, Some(scale)] {
+            let case = Case {
+                x,
+                axis: -1,
+                scale,
+                bias,
+                mean_output: false,
+            };
+            check(&case, true);
+        }
+    }
+}
+
+#[test]
+fn large_inputs_split_over_threads_give_the_same_numbers() {
+    let case = Case {
+        x: &[3, 100, 384],
+        axis: 2,
+        scale: &[384],
+        bias: Some(&[384]),
+        mean_output: false,
+    };
+    check(&case, true);
+}
+
+#[test]
+fn normalizing_several_trailing_axes_is_one_row_per_leading_index() {
+    let case = Case {
+        x: &[2, 3, 8],
+        axis: 1,
+        scale: &[3, 8],
+        bias: Some(&[3, 8]),
+        mean_output: false,
+    };
+    check(&case, true);
+}
+
+#[test]
+fn broadcast_scales_and_extra_outputs_stay_on_tract() {
+    // A scale of one value broadcast over the row: not the op's layout.
+    let case = Case {
+        x: &[2, 4, 16],
+        axis: -1,
+        scale: &[1],
+        bias: None,
+        mean_output: false,
+    };
+    check(&case, false);
+    // The normalized axes are [4, 16] but the scale covers the last one only.
+    let case = Case {
+        x: &[2, 4, 16],
+        axis: 1,
+        scale: &[16],
+        bias: None,
+        mean_output: false,
+    };
+    check(&case, false);
+    // The Mean output is used.
+    let case = Case {
+        x: &[2, 4, 16],
+        axis: -1,
+        scale: &[16],
+        bias: Some(&[16]),
+        mean_output: true,
+    };
+    check(&case, false);
+}
