@@ -39,7 +39,7 @@ pub fn layer_norm_rows(p: &LayerNorm, x: &[f32], y: &mut [f32]) {
         "x is not a whole number of rows of {cols}"
     );
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if crate::Isa::Avx512.is_available() {
         // SAFETY: AVX-512F is present.
         unsafe { rows_avx512(p, x, y) };
         return;

@@ -15,6 +15,7 @@ use tract_onnx::tract_core::ops::nn::gelu_approximate::gelu_approximate;
 use tract_onnx::tract_hir::internal::*;
 
 use crate::projection::Backend;
+use crate::tensor::f32_data_mut;
 use crate::tract_parser::Kept;
 
 /// The name under which [`GeluOp`] appears in a planned graph.
@@ -139,10 +140,8 @@ impl EvalOp for GeluOp {
     fn eval(&self, _ctx: &EvalContext, mut inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
         let mut y = inputs.remove(0).into_tensor();
         {
-            let ys = y
-                .to_plain_array_view_mut::<f32>()
-                .and_then(|v| v.into_slice().context("not contiguous"))
-                .with_context(|| format!("Gelu node '{}': X", self.node))?;
+            let ys =
+                f32_data_mut(&mut y).with_context(|| format!("Gelu node '{}': X", self.node))?;
             let chunk = |c: &mut [f32]| {
                 if self.tanh {
                     Func::Gelu.ew_f32()?.run(c)

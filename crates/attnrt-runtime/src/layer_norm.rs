@@ -18,6 +18,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
 use crate::projection::Backend;
+use crate::tensor::{f32_data, f32_data_mut};
 use crate::tract_parser::Kept;
 
 /// The name under which [`LayerNormOp`] appears in a planned graph.
@@ -196,10 +197,10 @@ impl EvalOp for LayerNormOp {
 
     fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
         let ctx = || format!("LayerNormalization node '{}'", self.node);
-        let x = f32_slice(&inputs[0]).with_context(|| format!("{}: X", ctx()))?;
-        let scale = f32_slice(&inputs[1]).with_context(|| format!("{}: scale", ctx()))?;
+        let x = f32_data(&inputs[0]).with_context(|| format!("{}: X", ctx()))?;
+        let scale = f32_data(&inputs[1]).with_context(|| format!("{}: scale", ctx()))?;
         let bias = match inputs.get(2) {
-            Some(b) => Some(f32_slice(b).with_context(|| format!("{}: bias", ctx()))?),
+            Some(b) => Some(f32_data(b).with_context(|| format!("{}: bias", ctx()))?),
             None => None,
         };
         if scale.len() != self.cols || bias.is_some_and(|b| b.len() != self.cols) {
@@ -224,24 +225,14 @@ impl EvalOp for LayerNormOp {
         };
         // Every element is written by `layer_norm_rows`.
         let mut y = unsafe { Tensor::uninitialized::<f32>(inputs[0].shape())? };
-        {
-            let ys = y
-                .to_plain_array_view_mut::<f32>()?
-                .into_slice()
-                .context("an output tensor is not contiguous")?;
-            normalize(&norm, x, ys, self.cols);
-        }
+        normalize(&norm, x, f32_data_mut(&mut y)?);
         Ok(tvec!(y.into_tvalue()))
     }
 }
 
-/// The values of a plain f32 tensor.
-fn f32_slice(t: &Tensor) -> TractResult<&[f32]> {
-    t.try_as_plain_ram()?.as_slice::<f32>()
-}
-
 /// [`layer_norm_rows`] split by rows over the current rayon pool when there is enough work.
-fn normalize(norm: &LayerNorm, x: &[f32], y: &mut [f32], cols: usize) {
+fn normalize(norm: &LayerNorm, x: &[f32], y: &mut [f32]) {
+    let cols = norm.scale.len();
     let threads = rayon::current_num_threads();
     if threads < 2 || x.len() < PARALLEL_MIN_VALUES {
         layer_norm_rows(norm, x, y);

@@ -30,6 +30,8 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 use tract_onnx::tract_hir::ops::matmul::MatMulInference;
 
+use crate::tensor::{f32_data, f32_data_mut};
+
 /// Which implementation runs `MatMul` nodes with a constant 2-D weight.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Backend {
@@ -373,20 +375,14 @@ impl EvalOp for ProjectionOp {
         let m: usize = shape[..shape.len() - 1].iter().product();
         let mut out_shape: TVec<usize> = shape.into();
         *out_shape.last_mut().unwrap() = n;
-        let xs = x.try_as_plain_ram()?.as_slice::<f32>().with_context(ctx)?;
+        let xs = f32_data(x).with_context(ctx)?;
         let bias = match &self.bias {
-            Some(b) => Some(b.try_as_plain_ram()?.as_slice::<f32>().with_context(ctx)?),
+            Some(b) => Some(f32_data(b).with_context(ctx)?),
             None => None,
         };
         // Every element is written by `project` (the bias rows, or the product alone).
         let mut y = unsafe { Tensor::uninitialized::<f32>(&out_shape)? };
-        {
-            let ys = y
-                .to_plain_array_view_mut::<f32>()?
-                .into_slice()
-                .context("an output tensor is not contiguous")?;
-            project_packed(xs, &self.weight, ys, m, self.alpha, bias);
-        }
+        project_packed(xs, &self.weight, f32_data_mut(&mut y)?, m, self.alpha, bias);
         Ok(tvec!(y.into_tvalue()))
     }
 }
@@ -737,7 +733,9 @@ mod tests {
             let w = values(k * n, 2);
             let want = naive(&x, &w, m, k, n);
             let packed = PackedWeight::new(&w, k, n);
-            // gemm past 4 tokens, the panel kernel for every task (where the CPU has AVX-512)
+            // gemm past 4 tokens, the panel kernel for every task (where the CPU has AVX-512),
+            // and `project` with this CPU's choice
+            let mut outputs = Vec::new();
             for (threaded, panel_tokens) in [
                 (false, 4),
                 (true, 4),
@@ -751,21 +749,22 @@ mod tests {
                 } else {
                     run(&mut y);
                 }
+                outputs.push((
+                    format!("threaded={threaded} panel_tokens={panel_tokens}"),
+                    y,
+                ));
+            }
+            let mut y = vec![f32::NAN; m * n];
+            project(&x, &w, &mut y, m, k, n, 1.0, None);
+            outputs.push(("project".to_string(), y));
+            for (label, y) in &outputs {
                 for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
                     let tol = 1e-5 * (k as f64).max(1.0);
                     assert!(
                         (g as f64 - e).abs() <= tol,
-                        "m{m} k{k} n{n} threaded={threaded} panel_tokens={panel_tokens}: y[{i}] = {g}, want {e}"
+                        "m{m} k{k} n{n} {label}: y[{i}] = {g}, want {e}"
                     );
                 }
-            }
-            let mut y = vec![f32::NAN; m * n];
-            project(&x, &w, &mut y, m, k, n, 1.0, None);
-            for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
-                assert!(
-                    (g as f64 - e).abs() <= 1e-5 * (k as f64).max(1.0),
-                    "project: y[{i}]"
-                );
             }
         }
     }

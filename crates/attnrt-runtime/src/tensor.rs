@@ -137,3 +137,15 @@ pub fn declared_inputs(model: &ModelProto) -> Result<Vec<DeclaredInput>> {
     }
     Ok(out)
 }
+
+/// The values of a plain f32 tensor (an op's input).
+pub(crate) fn f32_data(t: &Tensor) -> Result<&[f32]> {
+    t.try_as_plain_ram()?.as_slice::<f32>()
+}
+
+/// The values of a contiguous f32 tensor, to write (an op's output).
+pub(crate) fn f32_data_mut(t: &mut Tensor) -> Result<&mut [f32]> {
+    t.to_plain_array_view_mut::<f32>()?
+        .into_slice()
+        .context("an output tensor is not contiguous")
+}

@@ -6,6 +6,9 @@ use attnrt_kernels::{Mask, View4, ViewMut4};
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
+use crate::tensor::f32_data;
+pub(super) use crate::tensor::f32_data_mut;
+
 /// One input as f32: tract's own tensor, borrowed in place, when it already is f32; a converted
 /// copy otherwise (f16). No other copy is made of an input.
 pub(super) struct F32Input<'a> {
@@ -14,7 +17,7 @@ pub(super) struct F32Input<'a> {
 
 impl F32Input<'_> {
     pub(super) fn data(&self) -> TractResult<&[f32]> {
-        self.tensor.try_as_plain_ram()?.as_slice::<f32>()
+        f32_data(&self.tensor)
     }
 
     pub(super) fn shape(&self) -> &[usize] {
@@ -35,12 +38,6 @@ pub(super) fn to_f32<'a>(t: &'a Tensor, what: &str) -> TractResult<F32Input<'a>>
 /// element defined whatever the writer does).
 pub(super) fn f32_output(shape: &[usize]) -> TractResult<Tensor> {
     Tensor::zero::<f32>(shape)
-}
-
-pub(super) fn f32_data_mut(t: &mut Tensor) -> TractResult<&mut [f32]> {
-    t.to_plain_array_view_mut::<f32>()?
-        .into_slice()
-        .context("an output tensor is not contiguous")
 }
 
 /// The output value in the node's element type (f16 outputs are converted from f32 once).
