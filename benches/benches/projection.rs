@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use attnrt_benches::{env_list, machine_note, measured_fma_peak_gflops, median, Table};
-use attnrt_kernels::panel::{panel_product, PanelProduct, PANEL};
+use attnrt_kernels::panel::{panel_product, Onto, PanelProduct, PANEL};
 use attnrt_testkit::seeded_values;
 
 /// Tokens per task, as the runtime's projection op cuts them.
@@ -39,7 +39,7 @@ fn run(panel_kernel: bool, x: &[f32], panels: &[f32], y: &mut [f32], m: usize, k
                     panel,
                     width,
                     alpha: 1.0,
-                    accumulate: false,
+                    onto: Onto::Zero,
                 };
                 assert!(panel_product(&p, &mut y[t0 * n + c0..], n), "no AVX-512");
                 continue;

@@ -15,8 +15,8 @@ pub const PANEL: usize = 64;
 /// Tokens per register tile.
 const MR: usize = 6;
 
-/// One product: `y[t][i] (+)= alpha · Σₖₖ x[t][kk] · panel[kk·PANEL + i]` for `t < tokens`,
-/// `i < width`, where the sum is added onto `y` when `accumulate` (else it replaces it).
+/// One product: `y[t][i] = alpha · Σₖₖ x[t][kk] · panel[kk·PANEL + i] + addend` for
+/// `t < tokens`, `i < width`, the addend given by [`PanelProduct::onto`].
 pub struct PanelProduct<'a> {
     /// `tokens` rows of `k` inputs, row `t` at `x[t·x_stride..]`
     pub x: &'a [f32],
@@ -32,8 +32,19 @@ pub struct PanelProduct<'a> {
     pub width: usize,
     /// scale of the product
     pub alpha: f32,
-    /// add onto `y` (which holds e.g. a bias) instead of overwriting it
-    pub accumulate: bool,
+    /// what the product is added onto
+    pub onto: Onto<'a>,
+}
+
+/// What a [`PanelProduct`] adds its product onto.
+#[derive(Clone, Copy, Debug)]
+pub enum Onto<'a> {
+    /// nothing: `y` is overwritten
+    Zero,
+    /// `y`'s own values
+    Output,
+    /// one row of `width` values (a bias), the same for every token; `y` is overwritten
+    Row(&'a [f32]),
 }
 
 /// Runs `p` into `y` (row `t` at `y[t·y_stride..]`, `width` elements) when the CPU has
@@ -63,6 +74,9 @@ pub fn panel_product(p: &PanelProduct, y: &mut [f32], y_stride: usize) -> bool {
 pub unsafe fn panel_product_raw(p: &PanelProduct, y: *mut f32, y_stride: usize) -> bool {
     assert!(p.width <= PANEL && p.x_stride >= p.k && y_stride >= p.width);
     assert!(p.panel.len() >= p.k * PANEL, "panel shorter than k·PANEL");
+    if let Onto::Row(row) = p.onto {
+        assert!(row.len() >= p.width, "row shorter than the width");
+    }
     if p.tokens == 0 || p.width == 0 {
         return true;
     }
@@ -126,44 +140,70 @@ fn family(signature: u32) -> u32 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{PanelProduct, MR, PANEL};
+    use super::{Onto, PanelProduct, MR, PANEL};
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn product(p: &PanelProduct, y: *mut f32, y_stride: usize) {
         // Input features in blocks of KC: the block's panel rows (KC·256 bytes) stay in L1
-        // while every token tile uses them; each block after the first adds onto y.
+        // while every token tile uses them; each block after the first adds onto y. The
+        // weights usually come from memory (a model's weights do not fit the caches), so while
+        // the tiles run on one block they prefetch the next block's rows into L2, a share per
+        // tile; past the panel's last block, the rows that follow it in memory (the next
+        // panel of the packed weight, which the same thread usually runs next).
+        let tiles = p.tokens.div_ceil(MR);
         let mut k0 = 0;
         while k0 < p.k {
             let kc = KC.min(p.k - k0);
-            let accumulate = p.accumulate || k0 > 0;
+            // The first block adds onto what `p.onto` says, the others onto y.
+            let onto = match p.onto {
+                _ if k0 > 0 => Addend::Output,
+                Onto::Zero => Addend::Zero,
+                Onto::Output => Addend::Output,
+                Onto::Row(row) => Addend::Row(row.as_ptr()),
+            };
+            let next = p.panel.as_ptr().wrapping_add((k0 + kc) * PANEL);
+            let share = (KC * LINES_PER_ROW).div_ceil(tiles);
             let mut t = 0;
             while t < p.tokens {
                 let rows = MR.min(p.tokens - t);
-                let x = p.x.as_ptr().add(t * p.x_stride + k0);
-                let w = p.panel.as_ptr().add(k0 * PANEL);
-                let yt = y.add(t * y_stride);
                 let tile = Tile {
-                    x,
+                    x: p.x.as_ptr().add(t * p.x_stride + k0),
                     xs: p.x_stride,
-                    w,
+                    w: p.panel.as_ptr().add(k0 * PANEL),
                     kc,
-                    y: yt,
+                    y: y.add(t * y_stride),
                     ys: y_stride,
+                    prefetch: next.wrapping_add(t / MR * share * LINE),
+                    prefetch_lines: share,
                 };
                 match rows {
-                    6 => tile.run::<6>(p.width, p.alpha, accumulate),
-                    5 => tile.run::<5>(p.width, p.alpha, accumulate),
-                    4 => tile.run::<4>(p.width, p.alpha, accumulate),
-                    3 => tile.run::<3>(p.width, p.alpha, accumulate),
-                    2 => tile.run::<2>(p.width, p.alpha, accumulate),
-                    _ => tile.run::<1>(p.width, p.alpha, accumulate),
+                    6 => tile.run::<6>(p.width, p.alpha, onto),
+                    5 => tile.run::<5>(p.width, p.alpha, onto),
+                    4 => tile.run::<4>(p.width, p.alpha, onto),
+                    3 => tile.run::<3>(p.width, p.alpha, onto),
+                    2 => tile.run::<2>(p.width, p.alpha, onto),
+                    _ => tile.run::<1>(p.width, p.alpha, onto),
                 }
                 t += rows;
             }
             k0 += kc;
         }
     }
+
+    /// What one k-block of a tile adds its product onto: [`Onto`] with the row as a pointer.
+    #[derive(Clone, Copy)]
+    enum Addend {
+        Zero,
+        Output,
+        Row(*const f32),
+    }
+
+    /// Floats per cache line.
+    const LINE: usize = 16;
+
+    /// Cache lines per panel row.
+    const LINES_PER_ROW: usize = PANEL / LINE;
 
     /// Input features per block of [`product`].
     const KC: usize = 128;
@@ -177,15 +217,22 @@ mod avx512 {
         kc: usize,
         y: *mut f32,
         ys: usize,
+        /// lines to prefetch into L2 (a hint: never dereferenced, may lie past the panel)
+        prefetch: *const f32,
+        prefetch_lines: usize,
     }
 
     impl Tile {
         /// `R` tokens × the panel: `R·4` accumulators over the block's input features, then
-        /// one (masked) store per vector: `y = alpha·acc`, or `y += alpha·acc`.
+        /// one (masked) store per vector: `y = alpha·acc + addend`.
         #[inline(always)]
-        unsafe fn run<const R: usize>(&self, width: usize, alpha: f32, accumulate: bool) {
+        unsafe fn run<const R: usize>(&self, width: usize, alpha: f32, onto: Addend) {
             let mut acc = [[_mm512_setzero_ps(); 4]; R];
             for kk in 0..self.kc {
+                if kk < self.prefetch_lines {
+                    let line = self.prefetch.wrapping_add(kk * LINE);
+                    _mm_prefetch::<_MM_HINT_T1>(line as *const i8);
+                }
                 let row = self.w.add(kk * PANEL);
                 let wv = [
                     _mm512_loadu_ps(row),
@@ -215,10 +262,14 @@ mod avx512 {
                         (1u16 << lanes) - 1
                     };
                     let dst = yr.add(c0);
-                    let v = if accumulate {
-                        _mm512_fmadd_ps(alpha, *acc_rj, _mm512_maskz_loadu_ps(m, dst))
-                    } else {
-                        _mm512_mul_ps(alpha, *acc_rj)
+                    let v = match onto {
+                        Addend::Zero => _mm512_mul_ps(alpha, *acc_rj),
+                        Addend::Output => {
+                            _mm512_fmadd_ps(alpha, *acc_rj, _mm512_maskz_loadu_ps(m, dst))
+                        }
+                        Addend::Row(row) => {
+                            _mm512_fmadd_ps(alpha, *acc_rj, _mm512_maskz_loadu_ps(m, row.add(c0)))
+                        }
                     };
                     _mm512_mask_storeu_ps(dst, m, v);
                 }
@@ -244,21 +295,24 @@ mod tests {
     }
 
     #[test]
-    fn matches_a_naive_product_on_every_tile_height_and_width() {
-        for (tokens, k, width, accumulate) in [
-            (13, 70, 64, false),
-            (9, 300, 64, false),
-            (8, 257, 31, true),
-            (6, 3, 17, true),
-            (1, 128, 64, true),
-            (11, 1, 1, false),
-            (7, 33, 48, true),
+    fn matches_a_naive_product_on_every_tile_height_width_and_addend() {
+        // addend: 0 nothing, 1 the output's values, 2 a row (bias)
+        for (tokens, k, width, addend) in [
+            (13, 70, 64, 0),
+            (9, 300, 64, 2),
+            (8, 257, 31, 1),
+            (6, 3, 17, 1),
+            (1, 128, 64, 2),
+            (11, 1, 1, 0),
+            (7, 33, 48, 1),
+            (5, 131, 20, 2),
         ] {
             let xs = k + 3;
             let ys = width + 5;
             let x = ramp(tokens * xs, 0.1);
             let panel = ramp(k * PANEL, 0.2);
             let y0 = ramp(tokens * ys, 0.3);
+            let row = ramp(width, 0.4);
             let mut y = y0.clone();
             let p = PanelProduct {
                 x: &x,
@@ -268,7 +322,7 @@ mod tests {
                 panel: &panel,
                 width,
                 alpha: 0.5,
-                accumulate,
+                onto: [Onto::Zero, Onto::Output, Onto::Row(&row)][addend],
             };
             if !panel_product(&p, &mut y, ys) {
                 return; // no AVX-512 here: nothing ran, nothing to check
@@ -283,15 +337,12 @@ mod tests {
                     let dot: f64 = (0..k)
                         .map(|kk| x[t * xs + kk] as f64 * panel[kk * PANEL + c] as f64)
                         .sum();
-                    let base = if accumulate {
-                        y0[t * ys + c] as f64
-                    } else {
-                        0.0
-                    };
+                    let base = [0.0, y0[t * ys + c], row[c]][addend] as f64;
                     let want = base + 0.5 * dot;
                     assert!(
                         (got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                        "tokens {tokens} k {k} width {width}: y[{t}][{c}] = {got}, want {want}"
+                        "tokens {tokens} k {k} width {width} addend {addend}: y[{t}][{c}] = \
+                         {got}, want {want}"
                     );
                 }
             }

@@ -24,7 +24,7 @@
 //!
 //! [`Backend::Tract`] keeps tract's matmul everywhere: the peer baseline of the benches.
 
-use attnrt_kernels::panel::{panel_product_raw, PanelProduct};
+use attnrt_kernels::panel::{panel_product_raw, Onto, PanelProduct};
 use tract_onnx::model::OnnxOpRegister;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
@@ -550,14 +550,10 @@ fn project_on(
     if m == 0 || n == 0 {
         return;
     }
-    if let Some(b) = bias {
-        for row in y.chunks_exact_mut(n) {
-            row.copy_from_slice(b);
-        }
-    }
     if k == 0 {
-        if bias.is_none() {
-            y.fill(0.0);
+        match bias {
+            Some(b) => y.chunks_exact_mut(n).for_each(|row| row.copy_from_slice(b)),
+            None => y.fill(0.0),
         }
         return;
     }
@@ -573,6 +569,7 @@ fn project_on(
         let c0 = c * PANEL;
         let features = PANEL.min(n - c0);
         let panel = &w.panels[c * k * PANEL..(c + 1) * k * PANEL];
+        let bias = bias.map(|b| &b[c0..c0 + features]);
         let product = PanelProduct {
             x: &x[t0 * k..(t0 + tokens) * k],
             x_stride: k,
@@ -581,13 +578,19 @@ fn project_on(
             panel,
             width: features,
             alpha,
-            accumulate: bias.is_some(),
+            onto: bias.map_or(Onto::Zero, Onto::Row),
         };
         // SAFETY: the block y[t0.., c0..c0 + features] (row stride n) is inside `y` and written
         // by this task only.
         let block = unsafe { out.0.add(t0 * n + c0) };
         if tokens <= panel_tokens && unsafe { panel_product_raw(&product, block, n) } {
             return;
+        }
+        if let Some(b) = bias {
+            for t in 0..tokens {
+                // SAFETY: row t of the block, as above.
+                unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), block.add(t * n), features) };
+            }
         }
         // SAFETY: the gemm computes the `features × tokens` block yᵀ[c0.., t0..] = panelᵀ ·
         // xᵀ[.., t0..]: the panel holds `k` columns of PANEL contiguous floats, x's rows t0.. are
