@@ -339,7 +339,7 @@ impl Op for ProjectionOp {
 
     fn info(&self) -> TractResult<Vec<String>> {
         Ok(vec![format!(
-            "node {}: {}x[..,{}] · W[{}, {}]{} on gemm",
+            "node {}: {}x[..,{}] · W[{}, {}]{}",
             self.node,
             if self.alpha == 1.0 {
                 String::new()
@@ -426,6 +426,17 @@ fn panel_kernel_tokens() -> usize {
         usize::MAX
     } else {
         PANEL_KERNEL_TOKENS
+    }
+}
+
+/// Which kernel runs the projections' products on this CPU, for reports.
+pub fn kernel_in_use() -> &'static str {
+    if !attnrt_kernels::Isa::Avx512.is_available() {
+        "gemm"
+    } else if attnrt_kernels::panel::fastest_for_many_tokens() {
+        "attnrt's panel kernel"
+    } else {
+        "gemm (attnrt's panel kernel up to 4 tokens)"
     }
 }
 

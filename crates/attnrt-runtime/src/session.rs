@@ -770,7 +770,7 @@ mod tests {
 pub struct OpCounts {
     /// Attention operations on attnrt's kernel.
     pub attention: usize,
-    /// Constant-weight projections on attnrt's `gemm`-backed op.
+    /// Constant-weight projections on attnrt's op (its panel kernel or `gemm`).
     pub projection: usize,
     /// Every other operation (tract's).
     pub tract: usize,
@@ -781,8 +781,11 @@ impl std::fmt::Display for OpCounts {
         let isa = crate::kernel_isa().unwrap_or_else(|| "no usable path".into());
         write!(
             f,
-            "{} attention on attnrt's kernel ({isa}), {} projection(s) on gemm, {} other op(s) on tract",
-            self.attention, self.projection, self.tract
+            "{} attention on attnrt's kernel ({isa}), {} projection(s) on {}, {} other op(s) on tract",
+            self.attention,
+            self.projection,
+            crate::projection::kernel_in_use(),
+            self.tract
         )
     }
 }
