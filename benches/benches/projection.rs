@@ -6,6 +6,11 @@
 //! tokens × one panel) the two ways in alternation, rounds paired; GFLOP/s (2·tokens·k·n per
 //! run) and the share of this core's FMA peak measured in the same run.
 //!
+//! A second table runs the runtime's projection op itself (`project_packed`: tasks on a pool of
+//! `ATTNRT_BENCH_THREADS` threads, default 2, bias added) with its weight hot (one weight, in the
+//! caches after the first call) and cold (cycled through ≥ 120 MB of weights, as a model's
+//! weights stream from memory), alternating, against the peak of that many cores.
+//!
 //! ```sh
 //! cargo bench -p attnrt-benches --bench projection
 //! ATTNRT_BENCH_ROUNDS=20 ATTNRT_BENCH_LENS=128 cargo bench -p attnrt-benches --bench projection
@@ -16,6 +21,7 @@ use std::time::Instant;
 use anyhow::Result;
 use attnrt_benches::{env_list, machine_note, measured_fma_peak_gflops, median, Table};
 use attnrt_kernels::panel::{panel_product, Onto, PanelProduct, PANEL};
+use attnrt_runtime::projection::{project_packed, PackedWeight};
 use attnrt_testkit::seeded_values;
 
 /// Tokens per task, as the runtime's projection op cuts them.
@@ -40,6 +46,7 @@ fn run(panel_kernel: bool, x: &[f32], panels: &[f32], y: &mut [f32], m: usize, k
                     width,
                     alpha: 1.0,
                     onto: Onto::Zero,
+                    activation: None,
                 };
                 assert!(panel_product(&p, &mut y[t0 * n + c0..], n), "no AVX-512");
                 continue;
@@ -139,5 +146,69 @@ fn main() -> Result<()> {
         }
     }
     println!("{}", table.render());
+    let threads = env_list("ATTNRT_BENCH_THREADS", &[2])?[0];
+    println!("{}", op_table(&lens, rounds, threads, peak)?.render());
     Ok(())
+}
+
+/// The op's time per call with a hot and a cold weight, `threads` threads.
+fn op_table(lens: &[usize], rounds: usize, threads: usize, peak: f64) -> Result<Table> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
+    let mut table = Table::new(&[
+        "op: tokens × k × n",
+        "hot ms",
+        "cold ms",
+        "cold / hot",
+        "hot % peak",
+        "cold % peak",
+    ]);
+    for &m in lens {
+        for (k, n) in [(768usize, 768usize), (768, 3072), (3072, 768)] {
+            // Enough distinct weights that a cycle through them does not fit the caches.
+            let count = (120_000_000 / (k * n * 4)).max(2);
+            let weights: Vec<PackedWeight> = (0..count)
+                .map(|i| PackedWeight::new(&seeded_values(k * n, 10 + i as u32), k, n))
+                .collect();
+            let (x, bias) = (seeded_values(m * k, 1), seeded_values(n, 2));
+            let mut y = vec![0.0f32; m * n];
+            let (mut hot, mut cold) = (Vec::new(), Vec::new());
+            let mut next = 0;
+            pool.install(|| {
+                for r in 0..rounds + 1 {
+                    for is_cold in [r % 2 == 0, r % 2 != 0] {
+                        // Calls per sample: enough to pass through every cold weight once.
+                        let calls = count.max(10);
+                        let t = Instant::now();
+                        for _ in 0..calls {
+                            let w = if is_cold {
+                                next = (next + 1) % count;
+                                &weights[next]
+                            } else {
+                                &weights[0]
+                            };
+                            project_packed(&x, w, &mut y, m, 1.0, Some(&bias));
+                        }
+                        let ms = t.elapsed().as_secs_f64() * 1e3 / calls as f64;
+                        if r > 0 {
+                            if is_cold { &mut cold } else { &mut hot }.push(ms);
+                        }
+                    }
+                }
+            });
+            let (h, c) = (median(&hot), median(&cold));
+            let gflop = 2.0 * (m * k * n) as f64 / 1e9;
+            let share = |ms: f64| 100.0 * gflop / (ms * 1e-3) / (peak * threads as f64);
+            table.row(vec![
+                format!("{m} × {k} × {n}"),
+                format!("{h:.3}"),
+                format!("{c:.3}"),
+                format!("{:.2}", c / h),
+                format!("{:.0}", share(h)),
+                format!("{:.0}", share(c)),
+            ]);
+        }
+    }
+    Ok(table)
 }

@@ -29,12 +29,14 @@
 //! same case: zero rows.
 //!
 //! Besides attention, the other kernels a transformer's run spends its time in: [`panel`] (the
-//! projections, against weights packed once) and [`norm`] (layer normalization over rows).
+//! projections, against weights packed once, with the activation that follows them applied as
+//! they store, [`act`]) and [`norm`] (layer normalization over rows).
 
 #![warn(missing_docs)]
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
+pub mod act;
 mod cache;
 mod decode;
 mod error;

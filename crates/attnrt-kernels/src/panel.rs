@@ -9,14 +9,17 @@
 //! of `x`) and the weight is never repacked per call. AVX-512 only: without it callers use
 //! another implementation ([`panel_product`] reports whether it ran).
 
+use crate::act::Activation;
+
 /// Output features per panel.
 pub const PANEL: usize = 64;
 
 /// Tokens per register tile.
 const MR: usize = 6;
 
-/// One product: `y[t][i] = alpha · Σₖₖ x[t][kk] · panel[kk·PANEL + i] + addend` for
-/// `t < tokens`, `i < width`, the addend given by [`PanelProduct::onto`].
+/// One product: `y[t][i] = act(alpha · Σₖₖ x[t][kk] · panel[kk·PANEL + i] + addend)` for
+/// `t < tokens`, `i < width`, the addend given by [`PanelProduct::onto`], `act` by
+/// [`PanelProduct::activation`] (none: the identity).
 pub struct PanelProduct<'a> {
     /// `tokens` rows of `k` inputs, row `t` at `x[t·x_stride..]`
     pub x: &'a [f32],
@@ -34,6 +37,8 @@ pub struct PanelProduct<'a> {
     pub alpha: f32,
     /// what the product is added onto
     pub onto: Onto<'a>,
+    /// applied to the sum as it is stored
+    pub activation: Option<Activation>,
 }
 
 /// What a [`PanelProduct`] adds its product onto.
@@ -141,6 +146,7 @@ fn family(signature: u32) -> u32 {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{Onto, PanelProduct, MR, PANEL};
+    use crate::act::{avx512::apply, Activation};
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f")]
@@ -162,6 +168,8 @@ mod avx512 {
                 Onto::Output => Addend::Output,
                 Onto::Row(row) => Addend::Row(row.as_ptr()),
             };
+            // The last block's stores are the final values: the activation goes there.
+            let activation = if k0 + kc == p.k { p.activation } else { None };
             let next = p.panel.as_ptr().wrapping_add((k0 + kc) * PANEL);
             let share = (KC * LINES_PER_ROW).div_ceil(tiles);
             let mut t = 0;
@@ -178,12 +186,12 @@ mod avx512 {
                     prefetch_lines: share,
                 };
                 match rows {
-                    6 => tile.run::<6>(p.width, p.alpha, onto),
-                    5 => tile.run::<5>(p.width, p.alpha, onto),
-                    4 => tile.run::<4>(p.width, p.alpha, onto),
-                    3 => tile.run::<3>(p.width, p.alpha, onto),
-                    2 => tile.run::<2>(p.width, p.alpha, onto),
-                    _ => tile.run::<1>(p.width, p.alpha, onto),
+                    6 => tile.run::<6>(p.width, p.alpha, onto, activation),
+                    5 => tile.run::<5>(p.width, p.alpha, onto, activation),
+                    4 => tile.run::<4>(p.width, p.alpha, onto, activation),
+                    3 => tile.run::<3>(p.width, p.alpha, onto, activation),
+                    2 => tile.run::<2>(p.width, p.alpha, onto, activation),
+                    _ => tile.run::<1>(p.width, p.alpha, onto, activation),
                 }
                 t += rows;
             }
@@ -224,9 +232,15 @@ mod avx512 {
 
     impl Tile {
         /// `R` tokens × the panel: `R·4` accumulators over the block's input features, then
-        /// one (masked) store per vector: `y = alpha·acc + addend`.
+        /// one (masked) store per vector: `y = act(alpha·acc + addend)`.
         #[inline(always)]
-        unsafe fn run<const R: usize>(&self, width: usize, alpha: f32, onto: Addend) {
+        unsafe fn run<const R: usize>(
+            &self,
+            width: usize,
+            alpha: f32,
+            onto: Addend,
+            activation: Option<Activation>,
+        ) {
             let mut acc = [[_mm512_setzero_ps(); 4]; R];
             for kk in 0..self.kc {
                 if kk < self.prefetch_lines {
@@ -271,6 +285,10 @@ mod avx512 {
                             _mm512_fmadd_ps(alpha, *acc_rj, _mm512_maskz_loadu_ps(m, row.add(c0)))
                         }
                     };
+                    let v = match activation {
+                        Some(act) => apply(act, v),
+                        None => v,
+                    };
                     _mm512_mask_storeu_ps(dst, m, v);
                 }
             }
@@ -295,17 +313,18 @@ mod tests {
     }
 
     #[test]
-    fn matches_a_naive_product_on_every_tile_height_width_and_addend() {
+    fn matches_a_naive_product_on_every_tile_height_width_addend_and_activation() {
         // addend: 0 nothing, 1 the output's values, 2 a row (bias)
-        for (tokens, k, width, addend) in [
-            (13, 70, 64, 0),
-            (9, 300, 64, 2),
-            (8, 257, 31, 1),
-            (6, 3, 17, 1),
-            (1, 128, 64, 2),
-            (11, 1, 1, 0),
-            (7, 33, 48, 1),
-            (5, 131, 20, 2),
+        let (erf, tanh) = (Some(Activation::GeluErf), Some(Activation::GeluTanh));
+        for (tokens, k, width, addend, activation) in [
+            (13, 70, 64, 0, None),
+            (9, 300, 64, 2, erf),
+            (8, 257, 31, 1, tanh),
+            (6, 3, 17, 1, None),
+            (1, 128, 64, 2, tanh),
+            (11, 1, 1, 0, erf),
+            (7, 33, 48, 1, None),
+            (5, 131, 20, 2, None),
         ] {
             let xs = k + 3;
             let ys = width + 5;
@@ -323,6 +342,7 @@ mod tests {
                 width,
                 alpha: 0.5,
                 onto: [Onto::Zero, Onto::Output, Onto::Row(&row)][addend],
+                activation,
             };
             if !panel_product(&p, &mut y, ys) {
                 return; // no AVX-512 here: nothing ran, nothing to check
@@ -338,9 +358,10 @@ mod tests {
                         .map(|kk| x[t * xs + kk] as f64 * panel[kk * PANEL + c] as f64)
                         .sum();
                     let base = [0.0, y0[t * ys + c], row[c]][addend] as f64;
-                    let want = base + 0.5 * dot;
+                    let sum = base + 0.5 * dot;
+                    let want = activation.map_or(sum, |a| a.reference(sum));
                     assert!(
-                        (got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        (got as f64 - want).abs() <= 1e-5 * (1.0 + sum.abs()),
                         "tokens {tokens} k {k} width {width} addend {addend}: y[{t}][{c}] = \
                          {got}, want {want}"
                     );

@@ -6,7 +6,11 @@
 //! The values are tract's: each chunk runs the formula of tract's f32 `Gelu` on tract-linalg's
 //! kernels (exact: `x/2 · (1 + erf(x/√2))` with its `erf`; `tanh`: its `gelu` kernel), so the
 //! result is the same whatever the split. Non-f32 inputs run as tract's op.
+//!
+//! A `Gelu` whose input is a projection's output and nothing else's folds into that projection
+//! ([`ProjectionOp::with_activation`]): its kernel applies the GELU as it stores each value.
 
+use attnrt_kernels::act::Activation;
 use tract_linalg::routines::Func;
 use tract_onnx::model::{OnnxOpRegister, ParsingContext};
 use tract_onnx::pb::NodeProto;
@@ -14,7 +18,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_core::ops::nn::gelu_approximate::gelu_approximate;
 use tract_onnx::tract_hir::internal::*;
 
-use crate::projection::Backend;
+use crate::projection::{Backend, ProjectionOp};
 use crate::tensor::f32_data_mut;
 use crate::tract_parser::Kept;
 
@@ -181,6 +185,40 @@ fn gelu_erf(xs: &mut [f32]) -> TractResult<()> {
 
 impl TypedOp for GeluOp {
     as_op!();
+
+    /// Folds this `Gelu` into the projection that computes its input ([`ProjectionOp`]), whose
+    /// kernel then applies it to each value as it stores it, instead of this op's pass over the
+    /// whole tensor. Only when the projection's output feeds nothing else and is not a model
+    /// output, and where the projection can ([`ProjectionOp::with_activation`]).
+    fn declutter(
+        &self,
+        model: &TypedModel,
+        node: &TypedNode,
+    ) -> TractResult<Option<TypedModelPatch>> {
+        let input = node.inputs[0];
+        let producer = model.node(input.node);
+        let Some(projection) = producer.op_as::<ProjectionOp>() else {
+            return Ok(None);
+        };
+        if producer.outputs[input.slot].successors.len() != 1
+            || model.output_outlets()?.contains(&input)
+        {
+            return Ok(None);
+        }
+        let activation = if self.tanh {
+            Activation::GeluTanh
+        } else {
+            Activation::GeluErf
+        };
+        let Some(fused) = projection.with_activation(activation) else {
+            return Ok(None);
+        };
+        let mut patch = TypedModelPatch::default();
+        let x = patch.tap_model(model, producer.inputs[0])?;
+        let y = patch.wire_node(&node.name, fused, &[x])?[0];
+        patch.shunt_outside(model, OutletId::new(node.id, 0), y)?;
+        Ok(Some(patch))
+    }
 
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
         if inputs[0].datum_type != DatumType::F32 {

@@ -24,6 +24,7 @@
 //!
 //! [`Backend::Tract`] keeps tract's matmul everywhere: the peer baseline of the benches.
 
+use attnrt_kernels::act::{apply_rows_raw, Activation};
 use attnrt_kernels::panel::{panel_product_raw, Onto, PanelProduct};
 use tract_onnx::model::OnnxOpRegister;
 use tract_onnx::prelude::*;
@@ -241,6 +242,9 @@ pub struct ProjectionOp {
     pub alpha: f32,
     /// Added to every output row (`Gemm`'s `beta·C`), `[N]` f32.
     pub bias: Option<Arc<Tensor>>,
+    /// Applied to the output after the bias, as it is stored: the activation that followed the
+    /// projection in the graph, folded in by [`ProjectionOp::with_activation`].
+    pub activation: Option<Activation>,
 }
 
 impl ProjectionOp {
@@ -273,6 +277,7 @@ impl ProjectionOp {
             weight: Arc::new(weight),
             alpha: 1.0,
             bias: None,
+            activation: None,
         })
     }
 
@@ -310,6 +315,17 @@ impl ProjectionOp {
         Ok(Some(op))
     }
 
+    /// This projection followed by `activation`, applied by the kernel to each value as it
+    /// stores it instead of by a pass of its own over the output (`attnrt_kernels::act`).
+    /// `None` when the op already applies one, or without AVX-512 (the epilogue's only build).
+    pub fn with_activation(&self, activation: Activation) -> Option<ProjectionOp> {
+        let possible = self.activation.is_none() && attnrt_kernels::Isa::Avx512.is_available();
+        possible.then(|| ProjectionOp {
+            activation: Some(activation),
+            ..self.clone()
+        })
+    }
+
     fn k(&self) -> usize {
         self.weight.k
     }
@@ -327,6 +343,7 @@ impl PartialEq for ProjectionOp {
             && self.weight == other.weight
             && self.alpha.to_bits() == other.alpha.to_bits()
             && self.bias == other.bias
+            && self.activation == other.activation
     }
 }
 
@@ -339,7 +356,7 @@ impl Op for ProjectionOp {
 
     fn info(&self) -> TractResult<Vec<String>> {
         Ok(vec![format!(
-            "node {}: {}x[..,{}] · W[{}, {}]{}",
+            "node {}: {}x[..,{}] · W[{}, {}]{}{}",
             self.node,
             if self.alpha == 1.0 {
                 String::new()
@@ -349,7 +366,11 @@ impl Op for ProjectionOp {
             self.k(),
             self.k(),
             self.n(),
-            if self.bias.is_some() { " + bias" } else { "" }
+            if self.bias.is_some() { " + bias" } else { "" },
+            match self.activation {
+                Some(a) => format!(", then {a:?}"),
+                None => String::new(),
+            }
         )])
     }
 
@@ -382,7 +403,14 @@ impl EvalOp for ProjectionOp {
         };
         // Every element is written by `project` (the bias rows, or the product alone).
         let mut y = unsafe { Tensor::uninitialized::<f32>(&out_shape)? };
-        project_packed(xs, &self.weight, f32_data_mut(&mut y)?, m, self.alpha, bias);
+        let ys = f32_data_mut(&mut y)?;
+        let product = Product {
+            w: &self.weight,
+            alpha: self.alpha,
+            bias,
+            activation: self.activation,
+        };
+        project_on(xs, &product, ys, m, panel_kernel_tokens());
         Ok(tvec!(y.into_tvalue()))
     }
 }
@@ -541,20 +569,32 @@ pub fn project_packed(
     alpha: f32,
     bias: Option<&[f32]>,
 ) {
-    project_on(x, w, y, m, alpha, bias, panel_kernel_tokens());
+    let product = Product {
+        w,
+        alpha,
+        bias,
+        activation: None,
+    };
+    project_on(x, &product, y, m, panel_kernel_tokens());
 }
 
-/// [`project_packed`] with tasks of up to `panel_tokens` tokens on the panel kernel (when the
-/// CPU has AVX-512) and larger ones on `gemm`.
-fn project_on(
-    x: &[f32],
-    w: &PackedWeight,
-    y: &mut [f32],
-    m: usize,
+/// What [`project_on`] computes from `x`: `act(alpha · x · W + bias)`.
+struct Product<'a> {
+    w: &'a PackedWeight,
     alpha: f32,
-    bias: Option<&[f32]>,
-    panel_tokens: usize,
-) {
+    bias: Option<&'a [f32]>,
+    activation: Option<Activation>,
+}
+
+/// `y[m×n] = product(x[m×k])` with tasks of up to `panel_tokens` tokens on the panel kernel (when
+/// the CPU has AVX-512) and larger ones on `gemm`.
+fn project_on(x: &[f32], product: &Product, y: &mut [f32], m: usize, panel_tokens: usize) {
+    let Product {
+        w,
+        alpha,
+        bias,
+        activation,
+    } = *product;
     let (k, n) = (w.k, w.n);
     assert!(x.len() == m * k && y.len() == m * n);
     assert!(bias.is_none_or(|b| b.len() == n));
@@ -565,6 +605,11 @@ fn project_on(
         match bias {
             Some(b) => y.chunks_exact_mut(n).for_each(|row| row.copy_from_slice(b)),
             None => y.fill(0.0),
+        }
+        if let Some(act) = activation {
+            // SAFETY: all of `y`, borrowed mutably.
+            let applied = unsafe { apply_rows_raw(act, y.as_mut_ptr(), n, m, n) };
+            assert!(applied, "an activation epilogue without AVX-512");
         }
         return;
     }
@@ -581,7 +626,7 @@ fn project_on(
         let features = PANEL.min(n - c0);
         let panel = &w.panels[c * k * PANEL..(c + 1) * k * PANEL];
         let bias = bias.map(|b| &b[c0..c0 + features]);
-        let product = PanelProduct {
+        let block_product = PanelProduct {
             x: &x[t0 * k..(t0 + tokens) * k],
             x_stride: k,
             tokens,
@@ -590,47 +635,16 @@ fn project_on(
             width: features,
             alpha,
             onto: bias.map_or(Onto::Zero, Onto::Row),
+            activation,
         };
         // SAFETY: the block y[t0.., c0..c0 + features] (row stride n) is inside `y` and written
         // by this task only.
         let block = unsafe { out.0.add(t0 * n + c0) };
-        if tokens <= panel_tokens && unsafe { panel_product_raw(&product, block, n) } {
+        if tokens <= panel_tokens && unsafe { panel_product_raw(&block_product, block, n) } {
             return;
         }
-        if let Some(b) = bias {
-            for t in 0..tokens {
-                // SAFETY: row t of the block, as above.
-                unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), block.add(t * n), features) };
-            }
-        }
-        // SAFETY: the gemm computes the `features × tokens` block yᵀ[c0.., t0..] = panelᵀ ·
-        // xᵀ[.., t0..]: the panel holds `k` columns of PANEL contiguous floats, x's rows t0.. are
-        // `k` contiguous floats each, and the block of y (column stride n, row stride 1) is
-        // inside `y` and written by this task only. With `read_dst` the gemm computes
-        // `1·y + alpha·product`, and y holds the bias then.
-        unsafe {
-            gemm::gemm(
-                features,
-                tokens,
-                k,
-                block,
-                n as isize,
-                1,
-                bias.is_some(),
-                panel.as_ptr(),
-                PANEL as isize,
-                1,
-                x.as_ptr().add(t0 * k),
-                k as isize,
-                1,
-                1.0f32,
-                alpha,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
+        // SAFETY: as above.
+        unsafe { gemm_block(&block_product, block, n) };
     };
     let tasks = blocks * chunks;
     if rayon::current_num_threads() > 1 && tasks > 1 {
@@ -638,6 +652,58 @@ fn project_on(
         (0..tasks).into_par_iter().for_each(task);
     } else {
         (0..tasks).for_each(task);
+    }
+}
+
+/// Runs `p` on the `gemm` crate into `block` (row stride `n`): its bias rows, the product added
+/// onto them, then its activation over the rows.
+///
+/// # Safety
+/// `block.add(t·n + i)` for `t < p.tokens`, `i < p.width` must be valid for reads and writes and
+/// not accessed by anything else during the call.
+unsafe fn gemm_block(p: &PanelProduct, block: *mut f32, n: usize) {
+    let bias = match p.onto {
+        Onto::Row(row) => Some(row),
+        Onto::Zero => None,
+        Onto::Output => unreachable!("projections add onto a bias row or nothing"),
+    };
+    if let Some(b) = bias {
+        for t in 0..p.tokens {
+            // SAFETY: row t of the block, as the caller vouches.
+            unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), block.add(t * n), p.width) };
+        }
+    }
+    // SAFETY: the gemm computes the `width × tokens` block yᵀ = panelᵀ · xᵀ: the panel holds `k`
+    // columns of PANEL contiguous floats, x's rows are `k` contiguous floats `x_stride` apart,
+    // and the block (column stride n, row stride 1) is the caller's. With `read_dst` the gemm
+    // computes `1·y + alpha·product`, and y holds the bias then.
+    unsafe {
+        gemm::gemm(
+            p.width,
+            p.tokens,
+            p.k,
+            block,
+            n as isize,
+            1,
+            bias.is_some(),
+            p.panel.as_ptr(),
+            PANEL as isize,
+            1,
+            p.x.as_ptr(),
+            p.x_stride as isize,
+            1,
+            1.0f32,
+            p.alpha,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+    if let Some(act) = p.activation {
+        // SAFETY: the caller's block.
+        let applied = unsafe { apply_rows_raw(act, block, n, p.tokens, p.width) };
+        assert!(applied, "an activation epilogue without AVX-512");
     }
 }
 
@@ -667,7 +733,9 @@ impl TypedOp for ProjectionOp {
         model: &TypedModel,
         node: &TypedNode,
     ) -> TractResult<Option<TypedModelPatch>> {
-        if self.bias.is_some() || node.outputs[0].successors.len() != 1 {
+        // After an activation an `Add` is no longer a bias.
+        if self.bias.is_some() || self.activation.is_some() || node.outputs[0].successors.len() != 1
+        {
             return Ok(None);
         }
         let here = OutletId::new(node.id, 0);
@@ -757,7 +825,13 @@ mod tests {
                 (true, usize::MAX),
             ] {
                 let mut y = vec![f32::NAN; m * n];
-                let run = |y: &mut [f32]| project_on(&x, &packed, y, m, 1.0, None, panel_tokens);
+                let product = Product {
+                    w: &packed,
+                    alpha: 1.0,
+                    bias: None,
+                    activation: None,
+                };
+                let run = |y: &mut [f32]| project_on(&x, &product, y, m, panel_tokens);
                 if threaded {
                     pool.install(|| run(&mut y));
                 } else {

@@ -1,10 +1,13 @@
 //! `Gelu` (both forms) runs on attnrt's op split over threads (`Backend::Attnrt`) and gives
-//! tract's values bit for bit, whatever the split.
+//! tract's values bit for bit, whatever the split; after a projection, with AVX-512, it runs in
+//! the projection's epilogue: the erf form with the op's bits, the tanh form within 1e-6.
 
 use attnrt_onnx::attr::make_string;
 use attnrt_onnx::{DataType, ModelProto};
 use attnrt_runtime::{Backend, NamedTensor, Session, Tensor, Threads};
-use attnrt_testkit::{model, node_with_attrs, seeded_values, value_info, GraphBuilder};
+use attnrt_testkit::{
+    model, node, node_with_attrs, seeded_values, tensor_f32, value_info, GraphBuilder,
+};
 
 fn gelu_model(dims: &[i64], approximate: &str) -> ModelProto {
     let mut g = GraphBuilder::new("gelu");
@@ -81,4 +84,78 @@ fn an_unknown_approximation_names_the_node() {
     );
     assert!(err.contains("/mlp/act/Gelu"), "{err}");
     assert!(err.contains("approximate"), "{err}");
+}
+
+/// `y = Gelu(x · W + b)` for `x: [1, 300, 96]`, `W: [96, 200]` (two token blocks, a last panel
+/// 8 features wide); with `h_output` the projection's result `h` is a model output too.
+fn projection_gelu_model(approximate: &str, h_output: bool) -> ModelProto {
+    let (k, n) = (96usize, 200usize);
+    let mut g = GraphBuilder::new("mlp");
+    g.input(value_info("x", DataType::Float, &[1i64, 300, k as i64]));
+    let w: Vec<f32> = seeded_values(k * n, 7).iter().map(|v| v * 0.3).collect();
+    g.initializer(tensor_f32("w", &[k as i64, n as i64], &w));
+    g.initializer(tensor_f32("b", &[n as i64], &seeded_values(n, 8)));
+    g.node(node("/mlp/fc/MatMul", "MatMul", &["x", "w"], &["xw"]));
+    g.node(node("/mlp/fc/Add", "Add", &["xw", "b"], &["h"]));
+    g.node(node_with_attrs(
+        "/mlp/act/Gelu",
+        "Gelu",
+        &["h"],
+        &["y"],
+        vec![make_string("approximate", approximate)],
+    ));
+    g.output(value_info("y", DataType::Float, &[1i64, 300, n as i64]));
+    if h_output {
+        g.output(value_info("h", DataType::Float, &[1i64, 300, n as i64]));
+    }
+    model(g.finish(), 20)
+}
+
+#[test]
+fn a_gelu_after_a_projection_runs_in_its_epilogue() {
+    let values: Vec<f32> = seeded_values(300 * 96, 9).iter().map(|v| 2.0 * v).collect();
+    let x = NamedTensor {
+        name: "x".into(),
+        tensor: Tensor::from_shape(&[1, 300, 96], &values).unwrap(),
+    };
+    let y_of = |s: &Session| {
+        let out = s.run(std::slice::from_ref(&x)).unwrap();
+        let y = out[0].tensor.to_plain_array_view::<f32>().unwrap();
+        y.iter().copied().collect::<Vec<_>>()
+    };
+    let epilogue = attnrt_kernels::Isa::Avx512.is_available();
+    for approximate in ["none", "tanh"] {
+        let tract = session(
+            &projection_gelu_model(approximate, false),
+            &x,
+            Backend::Tract,
+            2,
+        );
+        let want = y_of(&tract.unwrap());
+        for threads in [1, 2] {
+            let folded = projection_gelu_model(approximate, false);
+            let folded = session(&folded, &x, Backend::Attnrt, threads).unwrap();
+            let names = folded.op_names();
+            assert_eq!(
+                !names.iter().any(|o| o == "AttnrtGelu"),
+                epilogue,
+                "{approximate}: folded into the projection iff AVX-512: {names:?}"
+            );
+            // `h` is a model output: the Gelu stays an op of its own.
+            let alone = projection_gelu_model(approximate, true);
+            let alone = session(&alone, &x, Backend::Attnrt, threads).unwrap();
+            assert!(alone.op_names().iter().any(|o| o == "AttnrtGelu"));
+            let (got, op) = (y_of(&folded), y_of(&alone));
+            for (i, ((g, o), w)) in got.iter().zip(&op).zip(&want).enumerate() {
+                // The tanh form is attnrt's own approximation: compared with tract's below.
+                if approximate == "none" {
+                    assert_eq!(g.to_bits(), o.to_bits(), "erf: y[{i}] {g} vs the op's {o}");
+                }
+                assert!(
+                    (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                    "{approximate}: y[{i}] = {g}, tract {w}"
+                );
+            }
+        }
+    }
 }
