@@ -188,34 +188,34 @@ impl TypedOp for GeluOp {
 
     /// Folds this `Gelu` into the projection that computes its input ([`ProjectionOp`]), whose
     /// kernel then applies it to each value as it stores it, instead of this op's pass over the
-    /// whole tensor. Only when the projection's output feeds nothing else and is not a model
-    /// output, and where the projection can ([`ProjectionOp::with_activation`]).
+    /// whole tensor. The input may come from the projection through reshapes (GPT-2's `Conv1D`
+    /// runs as a 2-D `Gemm` between two `Reshape`s), which an element-wise op commutes with: they
+    /// are wired again after the folded projection. Only when every output on the way feeds
+    /// nothing else and is not a model output, and where the projection can
+    /// ([`ProjectionOp::with_activation`]).
     fn declutter(
         &self,
         model: &TypedModel,
         node: &TypedNode,
     ) -> TractResult<Option<TypedModelPatch>> {
-        let input = node.inputs[0];
-        let producer = model.node(input.node);
-        let Some(projection) = producer.op_as::<ProjectionOp>() else {
+        let Some((producer, reshapes)) = projection_before(model, node.inputs[0])? else {
             return Ok(None);
         };
-        if producer.outputs[input.slot].successors.len() != 1
-            || model.output_outlets()?.contains(&input)
-        {
-            return Ok(None);
-        }
         let activation = if self.tanh {
             Activation::GeluTanh
         } else {
             Activation::GeluErf
         };
-        let Some(fused) = projection.with_activation(activation) else {
+        let projection = producer.op_as::<ProjectionOp>();
+        let Some(fused) = projection.and_then(|p| p.with_activation(activation)) else {
             return Ok(None);
         };
         let mut patch = TypedModelPatch::default();
         let x = patch.tap_model(model, producer.inputs[0])?;
-        let y = patch.wire_node(&node.name, fused, &[x])?[0];
+        let mut y = patch.wire_node(&producer.name, fused, &[x])?[0];
+        for reshape in reshapes.iter().rev() {
+            y = patch.wire_node(&reshape.name, reshape.op.clone(), &[y])?[0];
+        }
         patch.shunt_outside(model, OutletId::new(node.id, 0), y)?;
         Ok(Some(patch))
     }
@@ -225,5 +225,30 @@ impl TypedOp for GeluOp {
             bail!("Gelu node '{}': X is {:?}", self.node, inputs[0].datum_type);
         }
         Ok(tvec!(f32::fact(inputs[0].shape.clone())))
+    }
+}
+
+/// The projection node whose output reaches `outlet` through nothing but axis changes (reshapes,
+/// added or removed unit axes), with those nodes from `outlet` back; `None` when another op is on
+/// the way or an output on the way is used elsewhere or is a model output.
+fn projection_before(
+    model: &TypedModel,
+    mut outlet: OutletId,
+) -> TractResult<Option<(&TypedNode, Vec<&TypedNode>)>> {
+    let outputs = model.output_outlets()?;
+    let mut reshapes = Vec::new();
+    loop {
+        let node = model.node(outlet.node);
+        if node.outputs[outlet.slot].successors.len() != 1 || outputs.contains(&outlet) {
+            return Ok(None);
+        }
+        if node.op_is::<ProjectionOp>() {
+            return Ok(Some((node, reshapes)));
+        }
+        if !node.op_is::<AxisOp>() || node.inputs.len() != 1 {
+            return Ok(None);
+        }
+        reshapes.push(node);
+        outlet = node.inputs[0];
     }
 }

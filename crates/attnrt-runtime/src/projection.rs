@@ -1,5 +1,7 @@
 //! `MatMul` by a constant weight matrix (the Q/K/V/output and feed-forward projections of every
-//! transformer export) on the `gemm` crate instead of tract's matmul.
+//! transformer export) on attnrt's panel kernel or the `gemm` crate instead of tract's matmul,
+//! with the bias `Add` after it and a `Gelu` after that folded in (the kernel adds the bias in
+//! its first stores and applies the GELU in its last).
 //!
 //! A layer's projections cost as many flops as its attention core at L ≈ 2·d_model, and tract's
 //! f32 matmul reaches about 40 % of one core's FMA peak on these shapes here, where `gemm` (with
@@ -14,7 +16,7 @@
 //! way: `Y = alpha·A·B' + beta·C` with `transA = 0`, a constant f32 `B` (`B' = Bᵀ` when
 //! `transB = 1`, transposed once when the graph is built) and `C` absent or a constant that
 //! broadcasts along rows (`[]`, `[1]`, `[N]`, `[1, 1]`, `[1, N]`) runs as [`ProjectionOp`], with
-//! `beta·C` written into the output before the product is accumulated onto it. Any other `Gemm`
+//! `beta·C` added to the product as the bias is. Any other `Gemm`
 //! is wired as a tract `MatMul` (with its transpose flags) followed by the `alpha` and `beta·C`
 //! terms.
 //!

@@ -6,7 +6,8 @@ use attnrt_onnx::attr::make_string;
 use attnrt_onnx::{DataType, ModelProto};
 use attnrt_runtime::{Backend, NamedTensor, Session, Tensor, Threads};
 use attnrt_testkit::{
-    model, node, node_with_attrs, seeded_values, tensor_f32, value_info, GraphBuilder,
+    model, node, node_with_attrs, seeded_values, tensor_f32, tensor_i64_1d, value_info,
+    GraphBuilder,
 };
 
 fn gelu_model(dims: &[i64], approximate: &str) -> ModelProto {
@@ -87,16 +88,36 @@ fn an_unknown_approximation_names_the_node() {
 }
 
 /// `y = Gelu(x · W + b)` for `x: [1, 300, 96]`, `W: [96, 200]` (two token blocks, a last panel
-/// 8 features wide); with `h_output` the projection's result `h` is a model output too.
-fn projection_gelu_model(approximate: &str, h_output: bool) -> ModelProto {
+/// 8 features wide); with `h_output` the Gelu's input `h` is a model output too. With `conv1d`,
+/// as GPT-2's `Conv1D` exports: `x` reshaped to 2-D, a `Gemm`, `h` the `Gemm`'s result reshaped
+/// back to 3-D.
+fn projection_gelu_model(approximate: &str, h_output: bool, conv1d: bool) -> ModelProto {
     let (k, n) = (96usize, 200usize);
     let mut g = GraphBuilder::new("mlp");
     g.input(value_info("x", DataType::Float, &[1i64, 300, k as i64]));
     let w: Vec<f32> = seeded_values(k * n, 7).iter().map(|v| v * 0.3).collect();
     g.initializer(tensor_f32("w", &[k as i64, n as i64], &w));
     g.initializer(tensor_f32("b", &[n as i64], &seeded_values(n, 8)));
-    g.node(node("/mlp/fc/MatMul", "MatMul", &["x", "w"], &["xw"]));
-    g.node(node("/mlp/fc/Add", "Add", &["xw", "b"], &["h"]));
+    if conv1d {
+        g.initializer(tensor_i64_1d("rows", &[-1, k as i64]));
+        g.initializer(tensor_i64_1d("back", &[1, 300, n as i64]));
+        g.node(node(
+            "/mlp/c_fc/Reshape",
+            "Reshape",
+            &["x", "rows"],
+            &["x2"],
+        ));
+        g.node(node("/mlp/c_fc/Gemm", "Gemm", &["x2", "w", "b"], &["h2"]));
+        g.node(node(
+            "/mlp/c_fc/Reshape_1",
+            "Reshape",
+            &["h2", "back"],
+            &["h"],
+        ));
+    } else {
+        g.node(node("/mlp/fc/MatMul", "MatMul", &["x", "w"], &["xw"]));
+        g.node(node("/mlp/fc/Add", "Add", &["xw", "b"], &["h"]));
+    }
     g.node(node_with_attrs(
         "/mlp/act/Gelu",
         "Gelu",
@@ -124,25 +145,30 @@ fn a_gelu_after_a_projection_runs_in_its_epilogue() {
         y.iter().copied().collect::<Vec<_>>()
     };
     let epilogue = attnrt_kernels::Isa::Avx512.is_available();
-    for approximate in ["none", "tanh"] {
+    for (approximate, conv1d) in [
+        ("none", false),
+        ("tanh", false),
+        ("none", true),
+        ("tanh", true),
+    ] {
         let tract = session(
-            &projection_gelu_model(approximate, false),
+            &projection_gelu_model(approximate, false, conv1d),
             &x,
             Backend::Tract,
             2,
         );
         let want = y_of(&tract.unwrap());
         for threads in [1, 2] {
-            let folded = projection_gelu_model(approximate, false);
+            let folded = projection_gelu_model(approximate, false, conv1d);
             let folded = session(&folded, &x, Backend::Attnrt, threads).unwrap();
             let names = folded.op_names();
             assert_eq!(
                 !names.iter().any(|o| o == "AttnrtGelu"),
                 epilogue,
-                "{approximate}: folded into the projection iff AVX-512: {names:?}"
+                "{approximate} conv1d {conv1d}: folded into the projection iff AVX-512: {names:?}"
             );
             // `h` is a model output: the Gelu stays an op of its own.
-            let alone = projection_gelu_model(approximate, true);
+            let alone = projection_gelu_model(approximate, true, conv1d);
             let alone = session(&alone, &x, Backend::Attnrt, threads).unwrap();
             assert!(alone.op_names().iter().any(|o| o == "AttnrtGelu"));
             let (got, op) = (y_of(&folded), y_of(&alone));
