@@ -211,7 +211,7 @@ pub(crate) fn run(
 /// `Lq×Lk` block read and transposed for every head (up to 40 % more time at L = 2048 in the
 /// kernel bench, depending on the memory traffic around). Exact: equal bits are equal values.
 /// The check reads the mask at most once and stops at the first differing row.
-fn shared_rows<T>(m: &View4<T>, same: impl Fn(&T, &T) -> bool) -> [isize; 4] {
+fn shared_rows<T: BytewiseEq>(m: &View4<T>, same: impl Fn(&T, &T) -> bool) -> [isize; 4] {
     let mut st = effective_strides(&m.dims, &m.strides);
     if st[2] == 0 {
         return st;
@@ -225,11 +225,10 @@ fn shared_rows<T>(m: &View4<T>, same: impl Fn(&T, &T) -> bool) -> [isize; 4] {
         for h in 0..nh {
             for q in 1..nq {
                 let equal = if st[3] == 1 {
+                    // Compared as bytes (a `memcmp`, several times faster than element by
+                    // element with an early exit: 0.08 ms a call at L = 512 before).
                     let (r0, r) = (at(b, h, 0, 0), at(b, h, q, 0));
-                    m.data[r0..r0 + nk]
-                        .iter()
-                        .zip(&m.data[r..r + nk])
-                        .all(|(x, y)| same(x, y))
+                    bytes(&m.data[r0..r0 + nk]) == bytes(&m.data[r..r + nk])
                 } else {
                     (0..nk).all(|j| same(&m.data[at(b, h, 0, j)], &m.data[at(b, h, q, j)]))
                 };
@@ -241,6 +240,18 @@ fn shared_rows<T>(m: &View4<T>, same: impl Fn(&T, &T) -> bool) -> [isize; 4] {
     }
     st[2] = 0;
     st
+}
+
+/// Mask element types whose values are the same for [`shared_rows`] exactly when their bytes
+/// are: no padding, f32 compared by its bits, bool stored as 0 or 1.
+trait BytewiseEq: Copy {}
+impl BytewiseEq for f32 {}
+impl BytewiseEq for bool {}
+
+/// The bytes of `s`.
+fn bytes<T: BytewiseEq>(s: &[T]) -> &[u8] {
+    // SAFETY: `BytewiseEq` types have no padding, so every byte of the slice is initialized.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
 }
 
 /// How many query blocks of `bq` queries one task takes: as many as possible up to `max` — every
