@@ -26,7 +26,7 @@
 //!
 //! [`Backend::Tract`] keeps tract's matmul everywhere: the peer baseline of the benches.
 
-use attnrt_kernels::act::{apply_rows_raw, Activation};
+use attnrt_kernels::act::{apply_rows, apply_rows_raw, Activation};
 use attnrt_kernels::panel::{panel_product_raw, Onto, PanelProduct};
 use tract_onnx::model::OnnxOpRegister;
 use tract_onnx::prelude::*;
@@ -460,13 +460,13 @@ fn panel_kernel_tokens() -> usize {
 }
 
 /// Which kernel runs the projections' products on this CPU, for reports.
-pub fn kernel_in_use() -> &'static str {
+pub fn kernel_in_use() -> String {
     if !attnrt_kernels::Isa::Avx512.is_available() {
-        "gemm"
-    } else if attnrt_kernels::panel::fastest_for_many_tokens() {
-        "attnrt's panel kernel"
-    } else {
-        "gemm (attnrt's panel kernel up to 4 tokens)"
+        return "gemm".into();
+    }
+    match panel_kernel_tokens() {
+        usize::MAX => "attnrt's panel kernel".into(),
+        tokens => format!("gemm (attnrt's panel kernel up to {tokens} tokens)"),
     }
 }
 
@@ -609,9 +609,10 @@ fn project_on(x: &[f32], product: &Product, y: &mut [f32], m: usize, panel_token
             None => y.fill(0.0),
         }
         if let Some(act) = activation {
-            // SAFETY: all of `y`, borrowed mutably.
-            let applied = unsafe { apply_rows_raw(act, y.as_mut_ptr(), n, m, n) };
-            assert!(applied, "an activation epilogue without AVX-512");
+            assert!(
+                apply_rows(act, y, n, m, n),
+                "an activation epilogue without AVX-512"
+            );
         }
         return;
     }
@@ -657,28 +658,23 @@ fn project_on(x: &[f32], product: &Product, y: &mut [f32], m: usize, panel_token
     }
 }
 
-/// Runs `p` on the `gemm` crate into `block` (row stride `n`): its bias rows, the product added
-/// onto them, then its activation over the rows.
+/// Runs `p` on the `gemm` crate into `block` (row stride `n`): the product added onto what
+/// `p.onto` says (a bias row is copied into the block first), then its activation over the rows.
 ///
 /// # Safety
 /// `block.add(t·n + i)` for `t < p.tokens`, `i < p.width` must be valid for reads and writes and
 /// not accessed by anything else during the call.
 unsafe fn gemm_block(p: &PanelProduct, block: *mut f32, n: usize) {
-    let bias = match p.onto {
-        Onto::Row(row) => Some(row),
-        Onto::Zero => None,
-        Onto::Output => unreachable!("projections add onto a bias row or nothing"),
-    };
-    if let Some(b) = bias {
+    if let Onto::Row(row) = p.onto {
         for t in 0..p.tokens {
             // SAFETY: row t of the block, as the caller vouches.
-            unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), block.add(t * n), p.width) };
+            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), block.add(t * n), p.width) };
         }
     }
     // SAFETY: the gemm computes the `width × tokens` block yᵀ = panelᵀ · xᵀ: the panel holds `k`
     // columns of PANEL contiguous floats, x's rows are `k` contiguous floats `x_stride` apart,
     // and the block (column stride n, row stride 1) is the caller's. With `read_dst` the gemm
-    // computes `1·y + alpha·product`, and y holds the bias then.
+    // computes `1·y + alpha·product`, and y holds the bias or its own values then.
     unsafe {
         gemm::gemm(
             p.width,
@@ -687,7 +683,7 @@ unsafe fn gemm_block(p: &PanelProduct, block: *mut f32, n: usize) {
             block,
             n as isize,
             1,
-            bias.is_some(),
+            !matches!(p.onto, Onto::Zero),
             p.panel.as_ptr(),
             PANEL as isize,
             1,
@@ -817,20 +813,23 @@ mod tests {
             let w = values(k * n, 2);
             let want = naive(&x, &w, m, k, n);
             let packed = PackedWeight::new(&w, k, n);
+            let bias = values(n, 3);
             // gemm past 4 tokens, the panel kernel for every task (where the CPU has AVX-512),
-            // and `project` with this CPU's choice
+            // each with and without a bias, and `project` with this CPU's choice
             let mut outputs = Vec::new();
-            for (threaded, panel_tokens) in [
-                (false, 4),
-                (true, 4),
-                (false, usize::MAX),
-                (true, usize::MAX),
+            for (threaded, panel_tokens, biased) in [
+                (false, 4, false),
+                (true, 4, false),
+                (false, usize::MAX, false),
+                (true, usize::MAX, false),
+                (true, 4, true),
+                (true, usize::MAX, true),
             ] {
                 let mut y = vec![f32::NAN; m * n];
                 let product = Product {
                     w: &packed,
                     alpha: 1.0,
-                    bias: None,
+                    bias: biased.then_some(&bias[..]),
                     activation: None,
                 };
                 let run = |y: &mut [f32]| project_on(&x, &product, y, m, panel_tokens);
@@ -840,15 +839,17 @@ mod tests {
                     run(&mut y);
                 }
                 outputs.push((
-                    format!("threaded={threaded} panel_tokens={panel_tokens}"),
+                    format!("threaded={threaded} panel_tokens={panel_tokens} bias={biased}"),
                     y,
+                    biased,
                 ));
             }
             let mut y = vec![f32::NAN; m * n];
             project(&x, &w, &mut y, m, k, n, 1.0, None);
-            outputs.push(("project".to_string(), y));
-            for (label, y) in &outputs {
+            outputs.push(("project".to_string(), y, false));
+            for (label, y, biased) in &outputs {
                 for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
+                    let e = if *biased { e + bias[i % n] as f64 } else { e };
                     let tol = 1e-5 * (k as f64).max(1.0);
                     assert!(
                         (g as f64 - e).abs() <= tol,
