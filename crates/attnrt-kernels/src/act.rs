@@ -103,7 +103,7 @@ pub unsafe fn apply_rows_raw(
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512 {
     use super::Activation;
-    use crate::flash::EXP2_C;
+    use crate::flash::avx512::vexp2;
     use std::arch::x86_64::*;
 
     /// [`super::apply_rows_raw`] with AVX-512F.
@@ -190,7 +190,8 @@ pub(crate) mod avx512 {
     fn gelu_tanh(x: __m512) -> __m512 {
         let x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
         let inner = _mm512_fmadd_ps(_mm512_set1_ps(0.044715), x3, x);
-        // −2u in base 2: e^{−2u} = 2^{−2u·log2 e}, clamped where 2^t is 0 or inf in f32 anyway.
+        // −2u in base 2: e^{−2u} = 2^{−2u·log2 e} (the attention kernel's `2^x`), clamped where
+        // 2^t is 0 or inf in f32 anyway.
         let t = _mm512_mul_ps(
             _mm512_set1_ps(-2.0 * 0.797_884_6 * std::f32::consts::LOG2_E),
             inner,
@@ -199,22 +200,7 @@ pub(crate) mod avx512 {
             _mm512_max_ps(t, _mm512_set1_ps(-127.0)),
             _mm512_set1_ps(128.0),
         );
-        _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), exp2(t)))
-    }
-
-    /// `2^x` for `−127 ≤ x ≤ 128` (inf at 128): `x = n + f`, `n = round(x)`, the attention kernel's polynomial
-    /// for `2^f`, `scalef` for `2^n`.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn exp2(x: __m512) -> __m512 {
-        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-        let f = _mm512_sub_ps(x, n);
-        let mut p = _mm512_set1_ps(EXP2_C[5]);
-        for c in EXP2_C[..5].iter().rev() {
-            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(*c));
-        }
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0));
-        _mm512_scalef_ps(p, n)
+        _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), vexp2(t)))
     }
 }
 

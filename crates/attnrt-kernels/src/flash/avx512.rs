@@ -73,7 +73,7 @@ fn vmax(a: V, b: V) -> V {
 /// NaN argument stays NaN.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn vexp2(x: V) -> V {
+pub(crate) fn vexp2(x: V) -> V {
     let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-126.0));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
     let f = _mm512_sub_ps(x, n);

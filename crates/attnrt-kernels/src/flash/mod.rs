@@ -1129,5 +1129,5 @@ macro_rules! flash_core {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 mod scalar;
