@@ -88,8 +88,11 @@ def mutation_campaign(args: argparse.Namespace) -> int:
         seconds=None if args.minutes is None else args.minutes * 60, jobs=args.jobs,
         limits=execute.Limits(args.timeout, args.memory_mb << 20),
         commands=args.commands.split(","), findings=args.findings)
+    budget = campaign.memory_budget_args(args.attnrt, settings.limits.memory_bytes)
+    settings.extra["run"] = budget
     print(f"fuzz: seed {args.seed}, {len(srcs)} source models, {args.attnrt}, "
-          f"{args.jobs} job(s), limits {args.timeout:g} s / {args.memory_mb} MiB", flush=True)
+          f"{args.jobs} job(s), limits {args.timeout:g} s / {args.memory_mb} MiB"
+          + (f", run {' '.join(budget)}" if budget else ", no memory budget flag"), flush=True)
     start = time.monotonic()
     tally = campaign.run(settings)
     for line in tally.report():

@@ -7,11 +7,12 @@ one at a time (a single-threaded process: the limits are set between fork and ex
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import execute, findings
@@ -36,6 +37,19 @@ class Settings:
     commands: list[str]
     findings: Path
     progress_s: float = 60.0
+    # Extra arguments per command (the memory budget, where the binary has one).
+    extra: dict[str, list[str]] = field(default_factory=dict)
+
+
+def memory_budget_args(attnrt: Path, memory_bytes: int) -> list[str]:
+    """`--max-memory` at half the address-space limit when the binary has the flag (issue 28,
+    item 2): its default budget follows the machine's memory, not the fuzzer's limit, so a
+    run that fits the one but not the other would be a kill instead of its clean refusal.
+    Half: the budget counts tensors, not weights, code and kernel scratch."""
+    helps = subprocess.run([str(attnrt), "run", "--help"], capture_output=True, text=True)
+    if "--max-memory" not in helps.stdout:
+        return []
+    return ["--max-memory", f"{memory_bytes // 2 >> 20}M"]
 
 
 _WORKER: dict = {}
@@ -61,7 +75,7 @@ def _run_case(index: int) -> findings.CaseResult:
         model.write_bytes(case.data)
         runs = []
         for command in s.commands:
-            argv = [str(s.attnrt)] + COMMANDS[command]
+            argv = [str(s.attnrt)] + COMMANDS[command] + s.extra.get(command, [])
             real = [str(model) if a == "{model}" else str(output) if a == "{output}" else a
                     for a in argv]
             outcome = execute.run(real, s.limits, output if "{output}" in argv else None)
