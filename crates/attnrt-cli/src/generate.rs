@@ -1,10 +1,13 @@
-//! `attnrt generate`: greedy generation with a decoder exported with its key/value cache.
+//! `attnrt generate`: generation (greedy, or sampled with transformers' logits processors) with
+//! a decoder exported with its key/value cache.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use attnrt::generate::{GenerationOptions, GenerationReport, Generator, StepReport};
+use attnrt::generate::{
+    GenerationOptions, GenerationReport, Generator, SamplingOptions, StepReport,
+};
 use attnrt::harness::Tolerance;
 use attnrt_fusion::FusionOptions;
 use clap::Args;
@@ -31,7 +34,7 @@ pub struct GenerateArgs {
     /// A Hugging Face `tokenizer.json`: encodes --prompt and decodes the generated tokens.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
-    /// Seed of --prompt-len's random ids.
+    /// Seed of --prompt-len's random ids and of --do-sample's draws.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
     /// Tokens to generate after the prompt.
@@ -63,10 +66,52 @@ pub struct GenerateArgs {
     pub json: bool,
     #[command(flatten)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// How the next token is chosen (transformers' definitions and order: repetition penalty,
+/// temperature, top-k, top-p, min-p).
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Sample the next token (default: greedy); the same --seed gives the same tokens.
+    #[arg(long)]
+    pub do_sample: bool,
+    /// Divide the logits by T before sampling.
+    #[arg(long, value_name = "T", default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Sample among the K most likely tokens only (0: all; 1 is greedy).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub top_k: usize,
+    /// Sample among the most likely tokens whose probabilities reach P.
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Leave out tokens less likely than P times the most likely.
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of tokens already seen by R (greedy too).
+    #[arg(long, value_name = "R", default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+}
+
+impl SamplingArgs {
+    /// The generator's options, drawing from `seed`.
+    pub fn options(&self, seed: u64) -> SamplingOptions {
+        SamplingOptions {
+            do_sample: self.do_sample,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            seed,
+        }
+    }
 }
 
 /// Runs the command; the exit code is 3 when --check finds a difference.
 pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
+    args.sampling.options(args.seed).validate()?;
     let tol = Tolerance {
         atol: args.atol,
         rtol: args.rtol,
@@ -105,6 +150,7 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         eos_token: args.eos,
         check: args.check.then_some(tol),
         backend: args.matmul.backend(),
+        sampling: args.sampling.options(args.seed),
     };
     let bar = progress(args.max_new_tokens);
     let report = generator.generate(&options, |s| on_step(&bar, s))?;

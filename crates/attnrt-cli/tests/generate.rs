@@ -134,3 +134,51 @@ fn generate_refuses_models_and_prompts_it_cannot_run() {
         "--prompt without --tokenizer is a usage error"
     );
 }
+
+/// `--do-sample` with the processors: checked against the unfused graph (same draws), the same
+/// `--seed` gives the same tokens on 1 and 2 threads; bad values are refused by name.
+#[test]
+fn generate_samples_with_a_seed() {
+    let m = model("llama_cache_eager.ts.onnx");
+    let run = |seed: &str, threads: &str| {
+        let v = json(&attnrt(&[
+            "generate",
+            &m,
+            "--prompt-ids",
+            "5,9,2",
+            "--max-new-tokens",
+            "10",
+            "--do-sample",
+            "--temperature",
+            "1.3",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.9",
+            "--min-p",
+            "0.01",
+            "--repetition-penalty",
+            "1.2",
+            "--seed",
+            seed,
+            "--check",
+            "--json",
+            "--threads",
+            threads,
+        ]));
+        assert_eq!(v["report"]["check_ok"], true, "{v}");
+        v["report"]["tokens"].clone()
+    };
+    let a = run("11", "1");
+    assert_eq!(a.as_array().unwrap().len(), 10);
+    assert_eq!(a, run("11", "2"), "same seed, other thread count");
+    assert_ne!(a, run("12", "1"), "another seed");
+    for (flag, value) in [
+        ("--temperature", "0"),
+        ("--top-p", "1.5"),
+        ("--min-p", "1.5"),
+        ("--repetition-penalty", "0"),
+    ] {
+        one_error_line(&attnrt(&["generate", &m, "--do-sample", flag, value]), flag);
+    }
+}

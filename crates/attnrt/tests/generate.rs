@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use attnrt::generate::{DecoderSignature, GenerationOptions, Generator};
+use attnrt::generate::{DecoderSignature, GenerationOptions, Generator, SamplingOptions};
 use attnrt::harness::Tolerance;
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, Limits, ModelProto};
@@ -56,6 +56,7 @@ fn fused_decoders_generate_the_unfused_tokens_with_two_plans() {
             eos_token: None,
             check: Some(tol),
             backend: Backend::Attnrt,
+            sampling: SamplingOptions::default(),
         };
         let mut seen = 0;
         let report = generator.generate(&options, |_| seen += 1).unwrap();
@@ -84,6 +85,7 @@ fn eos_stops_generation_and_keeps_the_token() {
         eos_token: None,
         check: None,
         backend: Backend::Attnrt,
+        sampling: SamplingOptions::default(),
     };
     let free = g.generate(&options, |_| {}).unwrap();
     options.eos_token = Some(free.tokens[1]);
@@ -95,6 +97,73 @@ fn eos_stops_generation_and_keeps_the_token() {
         .unwrap();
     assert_eq!(stopped.tokens, free.tokens[..=stop_at], "{file}");
     assert_eq!(stopped.check_ok, None);
+}
+
+/// Sampling through a fused decoder: the unfused graph in lockstep draws the same tokens from
+/// the same stream; the same seed gives the same tokens (on 1 and 2 threads), another seed other
+/// tokens; top-k 1 is greedy.
+#[test]
+fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
+    let file = &decoders()[0];
+    let original = load(file);
+    let fused = fuse(&original, &FusionOptions::default()).unwrap().model;
+    let sampled = |threads: usize, seed: u64, top_k: usize| {
+        let threads = Threads::new(Some(threads)).unwrap();
+        let g = Generator::new(&fused, Some(&original), &threads, file, Backend::Attnrt).unwrap();
+        let options = GenerationOptions {
+            prompt: vec![3, 14, 15],
+            max_new_tokens: 12,
+            eos_token: None,
+            check: Some(Tolerance {
+                atol: 1e-4,
+                rtol: 1e-4,
+            }),
+            backend: Backend::Attnrt,
+            sampling: SamplingOptions {
+                do_sample: true,
+                temperature: 1.5,
+                top_k,
+                top_p: 0.95,
+                repetition_penalty: 1.1,
+                seed,
+                ..SamplingOptions::default()
+            },
+        };
+        let report = g.generate(&options, |_| {}).unwrap();
+        assert_eq!(report.check_ok, Some(true), "{file}: {:#?}", report.steps);
+        report.tokens
+    };
+    let a = sampled(1, 5, 0);
+    assert_eq!(a, sampled(2, 5, 0), "{file}: same seed, other thread count");
+    assert_ne!(a, sampled(1, 6, 0), "{file}: another seed");
+    let threads = Threads::new(Some(1)).unwrap();
+    let g = Generator::new(&fused, None, &threads, file, Backend::Attnrt).unwrap();
+    let greedy = GenerationOptions {
+        prompt: vec![3, 14, 15],
+        max_new_tokens: 12,
+        eos_token: None,
+        check: None,
+        backend: Backend::Attnrt,
+        sampling: SamplingOptions {
+            repetition_penalty: 1.1,
+            ..SamplingOptions::default()
+        },
+    };
+    let want = g.generate(&greedy, |_| {}).unwrap().tokens;
+    let top1 = GenerationOptions {
+        sampling: SamplingOptions {
+            do_sample: true,
+            top_k: 1,
+            seed: 9,
+            ..greedy.sampling.clone()
+        },
+        ..greedy.clone()
+    };
+    assert_eq!(
+        g.generate(&top1, |_| {}).unwrap().tokens,
+        want,
+        "{file}: top-k 1 is greedy"
+    );
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Greedy generation with a decoder exported with its key/value cache: the prompt runs once
+//! Generation (greedy, or sampled: [`sampling`]) with a decoder exported with its key/value cache: the prompt runs once
 //! with an empty past (the prefill), then one token per step, every present output fed back
 //! as the next step's past. One [`Session`] serves every step: the past length stays
 //! symbolic in its plans ([`ShapePolicy::DynamicDims`]), so a step costs the step.
@@ -7,6 +7,7 @@
 //! cache; a step whose token differs, or whose logits differ beyond the tolerance, fails the
 //! check.
 
+pub mod sampling;
 mod signature;
 mod step;
 
@@ -19,8 +20,9 @@ use serde::Serialize;
 
 use crate::harness::{OutputDiff, Tolerance};
 
+pub use sampling::{Sampler, SamplingOptions};
 pub use signature::{CacheSlot, DecoderSignature};
-use step::{argmax_last, StepInputs};
+use step::{last_logits, StepInputs};
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -35,6 +37,8 @@ pub struct GenerationOptions {
     pub check: Option<Tolerance>,
     /// Where constant-weight `MatMul`s run.
     pub backend: Backend,
+    /// Greedy or sampled, and the logits processors.
+    pub sampling: SamplingOptions,
 }
 
 /// The lockstep comparison of one step.
@@ -57,7 +61,7 @@ pub struct StepReport {
     pub fed: usize,
     /// Past length this step.
     pub past: usize,
-    /// The token chosen (greedy).
+    /// The token chosen.
     pub token: i64,
     /// Wall time of the model run, in milliseconds (the reference's not included).
     pub ms: f64,
@@ -87,6 +91,12 @@ pub struct GenerationReport {
     pub plans: PlanStats,
     /// With a check: whether every step agreed.
     pub check_ok: Option<bool>,
+}
+
+/// What chooses a step's token: the sampler and the tokens seen so far (prompt and generated).
+struct Chooser<'a> {
+    sampler: &'a mut Sampler,
+    seen: &'a [i64],
 }
 
 /// A decoder ready to generate: its signature and a session (and a reference session for
@@ -129,7 +139,8 @@ impl Generator {
         &self.signature
     }
 
-    /// Generates greedily; `on_step` sees every step as it completes (for progress).
+    /// Generates (greedily or sampled, per `options.sampling`); `on_step` sees every step as it
+    /// completes (for progress).
     pub fn generate(
         &self,
         options: &GenerationOptions,
@@ -143,12 +154,18 @@ impl Generator {
                 bail!("prompt token {bad} is outside the vocabulary [0, {v})");
             }
         }
+        let mut sampler = Sampler::new(options.sampling.clone())?;
         let mut ours = StepInputs::prefill(&self.signature, &options.prompt)?;
         let mut theirs = self.reference.as_ref().map(|_| ours.clone());
         let mut steps = Vec::new();
         let mut tokens = Vec::new();
         while tokens.len() < options.max_new_tokens {
-            let step = self.step(steps.len(), &mut ours, theirs.as_mut(), options)?;
+            let seen = [options.prompt.as_slice(), &tokens].concat();
+            let chooser = Chooser {
+                sampler: &mut sampler,
+                seen: &seen,
+            };
+            let step = self.step(steps.len(), &mut ours, theirs.as_mut(), chooser, options)?;
             on_step(&step);
             let token = step.token;
             steps.push(step);
@@ -170,6 +187,7 @@ impl Generator {
         index: usize,
         ours: &mut StepInputs,
         theirs: Option<&mut StepInputs>,
+        chooser: Chooser,
         options: &GenerationOptions,
     ) -> Result<StepReport> {
         let (fed, past) = (ours.fed(), ours.past());
@@ -179,12 +197,17 @@ impl Generator {
         let ms = started.elapsed().as_secs_f64() * 1e3;
         let planning_ms = self.session.plan_stats().build_ms - planned_before;
         let logits = ours.take_outputs(&self.signature, outputs)?;
-        let token = argmax_last(&logits)?;
+        // The reference draws with the same state of the stream, so both see the same `u`.
+        let mut twin = chooser.sampler.clone();
+        let token = chooser
+            .sampler
+            .next_token(&last_logits(&logits)?, chooser.seen)?;
         let check = match (theirs, &self.reference) {
             (Some(t), Some(reference)) => {
                 let outputs = reference.run_owned(t.take_tensors()?)?;
                 let reference_logits = t.take_outputs(&self.signature, outputs)?;
-                let reference_token = argmax_last(&reference_logits)?;
+                let reference_token =
+                    twin.next_token(&last_logits(&reference_logits)?, chooser.seen)?;
                 let tol = options.check.unwrap_or_default();
                 let diff = crate::harness::diff_tensor(
                     &self.signature.logits,
