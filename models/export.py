@@ -50,6 +50,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from onnx import numpy_helper
 
+import metadata_paths  # models/ (the script's folder is on sys.path)
+
 MODELS_DIR = Path(__file__).resolve().parent
 
 # Tiny dimensions shared by the hand-written modules: d_model 64, 4 heads of 16.
@@ -1352,6 +1354,9 @@ def export_model(spec: ModelSpec, args, manifest: list, failures: list, patterns
         for t in m.graph.initializer:
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 raise RuntimeError(f"{fname}: initializer {t.name} still external after load")
+        # No machine paths in what is committed: the dynamo exporter's stack traces name the
+        # checkout and the venv (models/metadata_paths.py).
+        metadata_paths.scrub_model(m)
         onnx.save_model(m, str(dest), save_as_external_data=False)
         try:
             onnx.checker.check_model(str(dest), full_check=True)

@@ -207,6 +207,7 @@ def optimize(spec: LargeSpec, src: Path, dest: Path, opt_level: int) -> dict:
             tried[mt] = {"error": small.error_line(ex)}
     if best is None:
         return {"tried": tried}
+    small.metadata_paths.scrub_model(best[2].model)
     best[2].save_model_to_file(str(dest), use_external_data_format=False)
     return {"model_type": best[1], "opt_level": opt_level, "tried": tried}
 
@@ -245,6 +246,7 @@ def export_one(spec: LargeSpec, args, manifest: list, failures: list) -> None:
                 job = small.ExportJob(exporter, small.TS_OPSET if exporter == "ts" else None)
                 path = small.export_once(model_spec(spec), model, ex, job, Path(td))
                 m = onnx.load(str(path), load_external_data=True)
+                small.metadata_paths.scrub_model(m)  # no machine paths in node metadata
                 onnx.save_model(m, str(dest), save_as_external_data=False)
         except Exception as e:
             msg = small.error_line(e)

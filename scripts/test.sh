@@ -4,6 +4,7 @@
 # conformance cases, maturin and pytest), runs every Rust test of the workspace and the Rust
 # API's examples, then builds the Python package (crates/attnrt-python) with maturin and runs
 # its tests (tests/python/test_attnrt_package.py) against onnxruntime and this build's CLI.
+# Last, a short seeded run of the mutation fuzzer (scripts/fuzz.py) over this build's CLI.
 #
 #   scripts/test.sh            # what CI runs (.ci/run)
 #
@@ -28,3 +29,11 @@ target/debug/examples/explain models/gpt2_cache_eager.ts.onnx >/dev/null
   -o target/wheels
 "$ATTNRT_PYTHON" -m pip install -q --force-reinstall --no-deps target/wheels/attnrt-*-abi3-*.whl
 ATTNRT_BIN="$PWD/target/debug/attnrt" "$ATTNRT_PYTHON" -m pytest -q tests/python/test_attnrt_package.py
+
+# The mutation fuzzer, a short seeded run (issue 28; scripts/fuzz.py runs long campaigns by
+# hand): shipped models changed through the onnx API and on their bytes, given to this build's
+# `attnrt run --no-diff` and `attnrt fuse` under a time and memory limit. A hang, a kill, an
+# internal error, a panic or an unclean exit fails the suite; its reproducer is saved under
+# target/fuzz-findings/. First the fuzzer's own tests.
+"$ATTNRT_PYTHON" -m pytest -q tests/python/test_fuzz.py
+"$ATTNRT_PYTHON" scripts/fuzz.py --attnrt target/debug/attnrt --seed 1 --cases 600 --jobs 2

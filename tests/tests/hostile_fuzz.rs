@@ -4,7 +4,8 @@
 //! finding: the input is saved under `target/tmp/fuzz-findings/` and the test fails.
 //!
 //! `ATTNRT_FUZZ_SECS` sets the time (default 8 s); `ATTNRT_FUZZ_SEED` the seed (default 1).
-//! `scripts/fuzz.sh` runs it longer, and runs the libFuzzer target where that can be built.
+//! `scripts/fuzz.py --harness-seconds N` runs it longer (and `--libfuzzer-seconds N` the
+//! libFuzzer target, where that can be built).
 
 #[path = "../src/hostile.rs"]
 mod hostile;
