@@ -199,7 +199,7 @@ pub(crate) fn run(
             p.v_head_dim,
             rayon::current_num_threads(),
         ),
-        key_ends: KeyEnds::of(mask, mask_strides, p.live_keys, bk),
+        key_ends: KeyEnds::of(mask, mask_strides, p.live_keys, (bq, bk)),
     };
     // SAFETY: `isa` was checked available by the caller; `job` holds pointers of validated views.
     unsafe {
@@ -702,7 +702,9 @@ macro_rules! flash_core {
                     }
                 }
             }
-            match job.mask {
+            // A tile where the mask is all zeros (below the triangle of a causal mask) is not read.
+            let zero = job.key_ends.as_ref().is_some_and(|e| e.zero_tile(b, h, i0, j0));
+            match if zero { JobMask::None } else { job.mask } {
                 JobMask::None => {}
                 JobMask::Additive(ptr, st) if st[2] == 0 => {
                     // One value per key for all queries (e.g. a `[B, 1, 1, Lk]` padding mask):
