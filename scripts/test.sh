@@ -3,7 +3,8 @@
 # use (the ONNX checker and ONNX Runtime for emitted models, the onnx 1.22.0 Attention
 # conformance cases, maturin and pytest), runs every Rust test of the workspace and the Rust
 # API's examples, then builds the Python package (crates/attnrt-python) with maturin and runs
-# its tests (tests/python/test_attnrt_package.py) against onnxruntime and this build's CLI.
+# its tests (tests/python/test_attnrt_package.py) against onnxruntime and this build's CLI, and
+# the operator checks' cases against onnxruntime (tests/python/test_op_check_ort.py).
 #
 #   scripts/test.sh            # what CI runs (.ci/run)
 #
@@ -27,4 +28,5 @@ target/debug/examples/explain models/gpt2_cache_eager.ts.onnx >/dev/null
 "$ATTNRT_PYTHON" -m maturin build -q --locked --profile dev -m crates/attnrt-python/Cargo.toml \
   -o target/wheels
 "$ATTNRT_PYTHON" -m pip install -q --force-reinstall --no-deps target/wheels/attnrt-*-abi3-*.whl
-ATTNRT_BIN="$PWD/target/debug/attnrt" "$ATTNRT_PYTHON" -m pytest -q tests/python/test_attnrt_package.py
+ATTNRT_BIN="$PWD/target/debug/attnrt" "$ATTNRT_PYTHON" -m pytest -q tests/python/test_attnrt_package.py \
+  tests/python/test_op_check_ort.py
