@@ -659,12 +659,14 @@ fn near_miss_mask_not_broadcastable() {
 
 #[test]
 fn near_miss_heads_mismatch() {
+    // Heads that may differ: fixed ones that do (4 against 3) would not broadcast, and the
+    // model would be refused as invalid before fusion.
     let mut b = Builder::default();
-    let q = b.input("q", &["B", "4", "L", "16"]);
-    let kt = b.input("kt", &["B", "3", "16", "L"]);
-    let v = b.input("v", &["B", "3", "L", "16"]);
+    let q = b.input("q", &["B", "H", "L", "16"]);
+    let kt = b.input("kt", &["B", "G", "16", "L"]);
+    let v = b.input("v", &["B", "G", "L", "16"]);
     let s = b.op("MatMul", &[&q, &kt], vec![]);
-    b.softmax_context(&s, -1, &v, &["B", "4", "L", "16"]);
+    b.softmax_context(&s, -1, &v, &["B", "H", "L", "16"]);
     let f = fuse(&b.model(17), &FusionOptions::default()).unwrap();
     assert!(f.report.blocks.is_empty());
     assert!(

@@ -1,6 +1,7 @@
 //! ONNX models for attnrt: the schema (prost types generated from `proto/onnx.proto`),
-//! loading with external data confined to the model's folder, atomic saving, structural
-//! validation, and helpers to read tensors and attributes.
+//! loading with external data confined to the model's folder, atomic saving, structural and
+//! operator-level validation (run by loading, fusing, saving and every session), and helpers
+//! to read tensors and attributes.
 //!
 //! A model file is untrusted input. Every size is checked against [`Limits`] before anything
 //! is allocated for it, and every error names the file, node or tensor it is about.
@@ -9,6 +10,7 @@ pub mod attr;
 pub mod budget;
 pub mod limits;
 pub mod load;
+pub mod op_check;
 pub mod opset;
 pub mod passthrough;
 pub mod save;
@@ -24,6 +26,7 @@ pub mod proto {
 pub use budget::{format_bytes, MemoryBudget};
 pub use limits::check_static_allocation;
 pub use load::{decode_model, load_model, load_model_from_bytes, LoadedModel};
+pub use op_check::OpError;
 /// prost's `Message` trait, so users can encode and decode the schema types
 /// (`model.encode_to_vec()`, `ModelProto::decode(bytes)`) without depending on prost themselves.
 pub use prost::Message;
