@@ -77,9 +77,17 @@ impl KeyEnds {
                     let row = b as isize * st[0] + h as isize * st[1] + i as isize * st[2];
                     // Offsets are in bounds: the view was validated against its buffer.
                     let at = |j: usize| &m.data[(row + j as isize * st[3]) as usize];
-                    let last = (0..keys.div_ceil(bk)).rev().find(|&kb| {
-                        (kb * bk..((kb + 1) * bk).min(keys)).fold(false, |a, j| a | visible(at(j)))
-                    });
+                    let block_visible = |kb: usize| {
+                        let (j0, j1) = (kb * bk, ((kb + 1) * bk).min(keys));
+                        if st[3] == 1 {
+                            // Contiguous: a branch-free OR over the block's slice (vectorized).
+                            let run = &m.data[row as usize + j0..row as usize + j1];
+                            run.iter().fold(false, |a, x| a | visible(x))
+                        } else {
+                            (j0..j1).fold(false, |a, j| a | visible(at(j)))
+                        }
+                    };
+                    let last = (0..keys.div_ceil(bk)).rev().find(|&kb| block_visible(kb));
                     let end = last.map_or(none, |kb| ((kb + 1) * bk).min(live_keys));
                     ends.push(end as u32);
                 }
