@@ -3,7 +3,8 @@
 # use (the ONNX checker and ONNX Runtime for emitted models, the onnx 1.22.0 Attention
 # conformance cases, maturin and pytest), runs every Rust test of the workspace and the Rust
 # API's examples, then builds the Python package (crates/attnrt-python) with maturin and runs
-# its tests (tests/python/test_attnrt_package.py) against onnxruntime and this build's CLI.
+# its tests (tests/python/test_attnrt_package.py) against onnxruntime and this build's CLI, and
+# the operator checks' cases against onnxruntime (tests/python/test_op_check_ort.py).
 # Last, a short seeded run of the mutation fuzzer (scripts/fuzz.py) over this build's CLI.
 #
 #   scripts/test.sh            # what CI runs (.ci/run)
@@ -28,7 +29,8 @@ target/debug/examples/explain models/gpt2_cache_eager.ts.onnx >/dev/null
 "$ATTNRT_PYTHON" -m maturin build -q --locked --profile dev -m crates/attnrt-python/Cargo.toml \
   -o target/wheels
 "$ATTNRT_PYTHON" -m pip install -q --force-reinstall --no-deps target/wheels/attnrt-*-abi3-*.whl
-ATTNRT_BIN="$PWD/target/debug/attnrt" "$ATTNRT_PYTHON" -m pytest -q tests/python/test_attnrt_package.py
+ATTNRT_BIN="$PWD/target/debug/attnrt" "$ATTNRT_PYTHON" -m pytest -q tests/python/test_attnrt_package.py \
+  tests/python/test_op_check_ort.py
 
 # The mutation fuzzer, a short seeded run (issue 28; scripts/fuzz.py runs long campaigns by
 # hand): shipped models changed through the onnx API and on their bytes, given to this build's

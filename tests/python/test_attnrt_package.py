@@ -215,3 +215,18 @@ def test_gelu_is_fused_unless_turned_off():
     assert [a["rule"] for a in report.activations] == ["gelu[tanh]", "gelu[tanh]"]
     _, plain = attnrt.fuse(model, gelu=False)
     assert plain.activations == [] and len(plain.blocks) == len(report.blocks)
+
+
+def test_a_run_over_max_memory_raises_before_it_starts(bert):
+    _, good = bert
+    small = attnrt.InferenceSession(MODELS / "bert_eager.ts.onnx", max_memory="4K")
+    with pytest.raises(attnrt.AttnrtError) as e:
+        small.run(None, good)
+    message = str(e.value)
+    assert "over the memory budget of 4.0 KiB (max_memory=)" in message, message
+    assert "needs" in message and "\n" not in message, message
+    # In bytes, and large enough: it runs.
+    roomy = attnrt.InferenceSession(MODELS / "bert_eager.ts.onnx", max_memory=64 << 20)
+    assert roomy.run(None, good)[0].shape[:2] == good["input_ids"].shape
+    with pytest.raises(attnrt.AttnrtError, match="max_memory: 'lots' is not a size"):
+        attnrt.InferenceSession(MODELS / "bert_eager.ts.onnx", max_memory="lots")

@@ -13,13 +13,14 @@
 
 use std::path::{Path, PathBuf};
 
+use attnrt_onnx::attr::{make_int, make_ints};
 use attnrt_onnx::proto::{
     attribute_proto::AttributeType, tensor_proto::DataLocation, type_proto, AttributeProto,
     FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
     TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
 use attnrt_onnx::Message;
-use attnrt_testkit::{float_value, node, npy_bytes, tensor_f32, tensor_i64};
+use attnrt_testkit::{float_value, node, node_with_attrs, npy_bytes, tensor_f32, tensor_i64};
 
 /// Where attnrt must refuse a case: the first step of `load → validate → allocation check
 /// → inputs` that fails. Every earlier step must succeed.
@@ -594,6 +595,8 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         &["relu", "no op_type"],
     );
 
+    operator_rules(&mut b);
+
     // --- Tensors.
     b.add(
         "raw_data_length_mismatch",
@@ -876,10 +879,11 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         &["grow", "Expand", "'expanded'", "8000000000000 elements"],
     );
     let mut m = ok.clone();
-    m.graph.as_mut().unwrap().input[0] = float_value("x", &[1_000_000, 1_000_000]);
+    // [.., 4]: x + w must still broadcast, or the validator refuses the model first.
+    m.graph.as_mut().unwrap().input[0] = float_value("x", &[1_000_000, 1_000_000, 4]);
     b.add(
         "input_declared_10e12",
-        "graph input x declared as [10^6, 10^6] floats",
+        "graph input x declared as [10^6, 10^6, 4] floats",
         &m,
         Stage::Allocation,
         &["'x'", "declared", "elements"],
@@ -952,6 +956,66 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
     ];
 
     b.cases
+}
+
+/// Operators whose attributes or inputs break the operator's rules (issue 28: a mutation
+/// fuzzer's findings, on which tract hung or ate memory and ONNX Runtime refuses at load).
+fn operator_rules(b: &mut Builder) {
+    let one = |n: NodeProto, inputs: Vec<ValueInfoProto>, inits: Vec<TensorProto>| {
+        model(GraphProto {
+            name: "op".into(),
+            output: vec![float_value(&n.output[0], &[])],
+            node: vec![n],
+            initializer: inits,
+            input: inputs,
+            ..Default::default()
+        })
+    };
+    let x4 = || vec![float_value("x", &[1, 2, 3, 4])];
+    let perm = vec![make_ints("perm", &[0, 1, 1, 3])];
+    b.add(
+        "transpose_perm_repeated",
+        "a Transpose whose perm [0, 1, 1, 3] repeats an axis",
+        &one(
+            node_with_attrs("t", "Transpose", &["x"], &["y"], perm),
+            x4(),
+            vec![],
+        ),
+        Stage::Validate,
+        &["'t'", "perm [0, 1, 1, 3]", "repeats axis 1"],
+    );
+    let ln = node_with_attrs(
+        "ln",
+        "LayerNormalization",
+        &["x", "w"],
+        &["y"],
+        vec![make_int("axis", 4)],
+    );
+    b.add(
+        "layernorm_axis_out_of_range",
+        "a LayerNormalization with axis 4 on a rank-4 input",
+        &one(ln, x4(), vec![tensor_f32("w", &[4], &[1.0; 4])]),
+        Stage::Validate,
+        &["'ln'", "attribute axis 4 is outside", "rank 4"],
+    );
+    b.add(
+        "matmul_one_input",
+        "a MatMul given one input",
+        &one(node("mm", "MatMul", &["x"], &["y"]), x4(), vec![]),
+        Stage::Validate,
+        &["'mm'", "1 input(s)", "takes 2"],
+    );
+    b.add(
+        "reshape_product_mismatch",
+        "a Reshape of 24 elements to [5, -1]",
+        &one(
+            node("r", "Reshape", &["x", "s"], &["y"]),
+            x4(),
+            vec![tensor_i64("s", &[2], &[5, -1])],
+        ),
+        Stage::Validate,
+        &["'r'", "input 1 's' [5, -1]", "has 24"],
+    );
 }
 
 /// Where the npy/npz inputs of an `Inputs` case are, as `prepare_inputs` takes them:

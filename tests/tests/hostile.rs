@@ -10,14 +10,29 @@ use std::path::Path;
 use std::time::Instant;
 
 use attnrt_onnx::validate::validate_model_with;
-use attnrt_onnx::{check_static_allocation, load_model, save_model, Limits, Message, SaveOptions};
+use attnrt_onnx::{
+    check_static_allocation, load_model, save_model, Limits, Message, SaveOptions, ValidationError,
+};
 use hostile::{HostileCase, Stage};
 
 /// Runs the steps `load → validate → allocation check → inputs (→ fuse)` on a case and
-/// returns the stage that failed with its error line, or `None` when all passed.
+/// returns the stage that failed with its error line, or `None` when all passed. Loading
+/// validates too: its validation errors count as the validate stage.
 fn refusal(case: &HostileCase) -> Option<(Stage, String)> {
     let loaded = match load_model(&case.model, &case.limits) {
         Ok(l) => l,
+        // load_model validates after decoding and reading the tensors.
+        Err(e) if e.downcast_ref::<ValidationError>().is_some() => {
+            // fuse validates first: it must refuse the same model, not panic on it.
+            let bytes = std::fs::read(&case.model).unwrap();
+            let model = attnrt_onnx::ModelProto::decode(bytes.as_slice()).unwrap();
+            assert!(
+                attnrt_fusion::fuse(&model, &Default::default()).is_err(),
+                "{}: fuse accepted a model the validator refuses",
+                case.name
+            );
+            return Some((Stage::Validate, format!("{e:#}")));
+        }
         Err(e) => {
             let line = format!("{e:#}");
             // load_model runs the allocation check last; tell it apart by what it says.
@@ -31,16 +46,8 @@ fn refusal(case: &HostileCase) -> Option<(Stage, String)> {
             return Some((stage, line));
         }
     };
-    if let Err(e) = validate_model_with(&loaded.model, &case.limits) {
-        // fuse validates first: it must refuse the same model, not panic on it.
-        let fused = attnrt_fusion::fuse(&loaded.model, &Default::default());
-        assert!(
-            fused.is_err(),
-            "{}: fuse accepted a model the validator refuses",
-            case.name
-        );
-        return Some((Stage::Validate, e.to_string()));
-    }
+    // What loaded is valid.
+    validate_model_with(&loaded.model, &case.limits).unwrap();
     if let Err(e) = check_static_allocation(&loaded.model, &case.limits) {
         return Some((Stage::Allocation, format!("{e:#}")));
     }

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use attnrt::harness::{time_paired, time_paired_profiled, PairedTiming};
 use attnrt_fusion::FusionOptions;
-use attnrt_runtime::{Profile, Session};
+use attnrt_runtime::{Profile, Session, SessionOptions, ShapePolicy};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::common::{dims_line, load, threads, InputArgs, LimitArgs, MatmulArgs};
+use crate::common::{dims_line, load, threads, InputArgs, LimitArgs, MatmulArgs, MemoryArgs};
 use crate::profile::ProfileArgs;
 
 /// Arguments of `attnrt bench`.
@@ -45,6 +45,8 @@ pub struct BenchArgs {
     pub profile: ProfileArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
 }
 
 /// The two sessions timed and what the report says about them.
@@ -78,7 +80,8 @@ fn sessions(args: &BenchArgs) -> Result<Bench> {
     let limits = args.limits.limits();
     let loaded = load(&args.model, &limits)?;
     let name = args.model.display().to_string();
-    let prepared = args.input.prepare(&loaded, &limits)?;
+    let budget = args.memory.budget();
+    let prepared = args.input.prepare(&loaded, &limits, &budget)?;
     let threads = threads(args.threads)?;
     let fused = attnrt_fusion::fuse(
         &loaded.model,
@@ -88,16 +91,17 @@ fn sessions(args: &BenchArgs) -> Result<Bench> {
         },
     )
     .with_context(|| format!("{name}: fusion failed"))?;
-    let backend = args.matmul.backend();
-    let fused_session = Session::build_with(
-        &fused.model,
-        &prepared.tensors,
-        &threads,
-        &format!("fused {name}"),
-        backend,
-    )?;
-    let unfused_session =
-        Session::build_with(&loaded.model, &prepared.tensors, &threads, &name, backend)?;
+    let options = SessionOptions {
+        backend: args.matmul.backend(),
+        shapes: ShapePolicy::PerShape,
+        max_memory: budget,
+        ..SessionOptions::default()
+    };
+    let session = |model, what: &str| {
+        Session::build_with_options(model, &prepared.tensors, &threads, what, &options)
+    };
+    let fused_session = session(&fused.model, &format!("fused {name}"))?;
+    let unfused_session = session(&loaded.model, &name)?;
     Ok(Bench {
         blocks: fused.report.blocks.len(),
         name,

@@ -1,20 +1,22 @@
-//! Flags shared by several commands: limits, inputs, threads.
+//! Flags shared by several commands: limits, the memory budget, inputs, threads.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use attnrt::harness::{InputOptions, PreparedInputs};
-use attnrt_onnx::{Limits, LoadedModel};
+use attnrt_onnx::{Limits, LoadedModel, MemoryBudget};
 use clap::Args;
 
 /// Limits on what a model may make attnrt do (issue: hostile models).
 #[derive(Args, Debug, Clone)]
 pub struct LimitArgs {
-    /// Largest model file accepted, in bytes. (Limit flags may be repeated; the last one wins.)
+    /// Largest model file accepted, in bytes: 2 GiB, or the default memory budget when that is
+    /// less. (Limit flags may be repeated; the last one wins.)
     #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_model_bytes, overrides_with = "max_model_bytes")]
     pub max_model_bytes: u64,
-    /// Largest number of elements of one tensor (initializers, inputs).
+    /// Largest number of elements of one tensor (initializers, inputs): 2^32, or fewer when the
+    /// default memory budget holds fewer at 8 bytes each.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_tensor_elements, overrides_with = "max_tensor_elements")]
     pub max_tensor_elements: u64,
     /// Largest number of graph nodes (subgraphs included).
@@ -35,6 +37,29 @@ impl LimitArgs {
             max_subgraph_depth: self.max_subgraph_depth,
             ..Limits::default()
         }
+    }
+}
+
+/// `--max-memory`: the memory budget of the runs (issue 28).
+#[derive(Args, Debug, Clone)]
+pub struct MemoryArgs {
+    /// Refuse, before allocating, inputs or a run whose tensors alive at once would need more
+    /// memory than SIZE: bytes, or a number with K, M, G or T (powers of 1024), e.g. 8G, 512M
+    /// [default: 75% of the memory available]
+    #[arg(long, value_name = "SIZE", value_parser = parse_budget, overrides_with = "max_memory")]
+    pub max_memory: Option<MemoryBudget>,
+}
+
+fn parse_budget(s: &str) -> Result<MemoryBudget, String> {
+    MemoryBudget::parse(s).map_err(|e| e.to_string())
+}
+
+impl MemoryArgs {
+    /// The budget given, else the machine's default.
+    pub fn budget(&self) -> MemoryBudget {
+        self.max_memory
+            .clone()
+            .unwrap_or_else(MemoryBudget::machine_default)
     }
 }
 
@@ -80,8 +105,13 @@ fn parse_dim(s: &str) -> Result<(String, usize), String> {
 }
 
 impl InputArgs {
-    /// Builds the inputs of `model`.
-    pub fn prepare(&self, loaded: &LoadedModel, limits: &Limits) -> Result<PreparedInputs> {
+    /// Builds the inputs of `model`, refusing them over `budget` before they are allocated.
+    pub fn prepare(
+        &self,
+        loaded: &LoadedModel,
+        limits: &Limits,
+        budget: &MemoryBudget,
+    ) -> Result<PreparedInputs> {
         let mut dims = BTreeMap::new();
         for (n, v) in &self.dims {
             if dims.insert(n.clone(), *v).is_some_and(|old| old != *v) {
@@ -98,6 +128,7 @@ impl InputArgs {
             dims,
             vocab: self.vocab,
             max_elements: limits.max_tensor_elements,
+            budget: budget.clone(),
         };
         attnrt::harness::prepare_inputs(&loaded.model, &options)
             .with_context(|| format!("preparing the inputs of {}", loaded.path.display()))

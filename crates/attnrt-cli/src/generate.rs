@@ -1,10 +1,19 @@
-//! `attnrt generate`: greedy generation with a decoder exported with its key/value cache.
+//! `attnrt generate`: generation (greedy, or sampled with transformers' logits processors) with
+//! a decoder exported with its key/value cache.
+//!
+//! Generation stops at the model's context (its position table's rows, or `--max-length`):
+//! that is a result, not an error, so the tokens are printed (also in `--json`, with
+//! `"stopped": "context"`), a note says why on stderr, and the exit code is 0. A step that fails
+//! prints the tokens made before it (`"stopped": "error"`), then the error, and exits 1.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use attnrt::generate::{GenerationOptions, GenerationReport, Generator, StepReport};
+use attnrt::generate::{
+    GenerationFailed, GenerationOptions, GenerationReport, Generator, SamplingOptions, StepReport,
+    StopReason,
+};
 use attnrt::harness::Tolerance;
 use attnrt_fusion::FusionOptions;
 use clap::Args;
@@ -12,7 +21,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::common::{load, threads, LimitArgs, MatmulArgs};
+use attnrt_runtime::SessionOptions;
+
+use crate::common::{load, threads, LimitArgs, MatmulArgs, MemoryArgs};
 
 /// Arguments of `attnrt generate`.
 #[derive(Args, Debug)]
@@ -31,7 +42,7 @@ pub struct GenerateArgs {
     /// A Hugging Face `tokenizer.json`: encodes --prompt and decodes the generated tokens.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
-    /// Seed of --prompt-len's random ids.
+    /// Seed of --prompt-len's random ids and of --do-sample's draws.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
     /// Tokens to generate after the prompt.
@@ -40,6 +51,10 @@ pub struct GenerateArgs {
     /// Stop after this token id.
     #[arg(long, value_name = "ID")]
     pub eos: Option<i64>,
+    /// The most positions to use, prompt and generated tokens together (default: the model's
+    /// context, the rows of its position table when it has one).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_length: Option<u64>,
     /// Run the original (unfused) graph in lockstep; exit 3 if a token differs or logits drift
     /// beyond --atol/--rtol.
     #[arg(long)]
@@ -63,10 +78,54 @@ pub struct GenerateArgs {
     pub json: bool,
     #[command(flatten)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// How the next token is chosen (transformers' definitions and order: repetition penalty,
+/// temperature, top-k, top-p, min-p).
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Sample the next token (default: greedy); the same --seed gives the same tokens.
+    #[arg(long)]
+    pub do_sample: bool,
+    /// Divide the logits by T before sampling.
+    #[arg(long, value_name = "T", default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Sample among the K most likely tokens only (0: all; 1 is greedy).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub top_k: usize,
+    /// Sample among the most likely tokens whose probabilities reach P.
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Leave out tokens less likely than P times the most likely.
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of tokens already seen by R (greedy too).
+    #[arg(long, value_name = "R", default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+}
+
+impl SamplingArgs {
+    /// The generator's options, drawing from `seed`.
+    pub fn options(&self, seed: u64) -> SamplingOptions {
+        SamplingOptions {
+            do_sample: self.do_sample,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            seed,
+        }
+    }
 }
 
 /// Runs the command; the exit code is 3 when --check finds a difference.
 pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
+    args.sampling.options(args.seed).validate()?;
     let tol = Tolerance {
         atol: args.atol,
         rtol: args.rtol,
@@ -74,8 +133,6 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
     if !(tol.atol >= 0.0 && tol.rtol >= 0.0) {
         bail!("--atol and --rtol must be non-negative numbers");
     }
-    let limits = args.limits.limits();
-    let loaded = load(&args.model, &limits)?;
     let name = args.model.display().to_string();
     let tokenizer = args
         .tokenizer
@@ -85,6 +142,56 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("{}: not a tokenizer.json: {e}", p.display()))
         })
         .transpose()?;
+    let threads = threads(args.threads)?;
+    let (generator, fusion) = open(&args, &name, &threads)?;
+    let blocks = fusion.as_ref().map_or(0, |f| f.blocks.len());
+    let prompt = prompt(&args, tokenizer.as_ref(), generator.signature().vocab)?;
+    let options = GenerationOptions {
+        prompt,
+        max_new_tokens: args.max_new_tokens,
+        eos_token: args.eos,
+        check: args.check.then_some(tol),
+        backend: args.matmul.backend(),
+        max_length: args.max_length.map(|n| n as usize),
+        sampling: args.sampling.options(args.seed),
+    };
+    let bar = progress(args.max_new_tokens);
+    let outcome = generator.generate(&options, |s| on_step(&bar, s));
+    bar.finish_and_clear();
+    // A failed step still prints the tokens made before it, then the error.
+    let report = match &outcome {
+        Ok(report) => report,
+        Err(e) => match e.downcast_ref::<GenerationFailed>() {
+            Some(failed) => &failed.report,
+            None => return outcome.map(|_| ExitCode::FAILURE),
+        },
+    };
+    let shown = Shown {
+        name: &name,
+        blocks,
+        fusion: fusion.as_ref(),
+        generator: &generator,
+        threads: threads.count(),
+    };
+    shown.print(&args, report, tokenizer.as_ref())?;
+    let report = outcome?;
+    match report.check_ok {
+        Some(false) => {
+            eprintln!("error: {}", first_disagreement(&report));
+            Ok(ExitCode::from(crate::EXIT_DIFF))
+        }
+        _ => Ok(ExitCode::SUCCESS),
+    }
+}
+
+/// The decoder loaded, fused unless `--no-fuse`, and a generator for it (with the unfused graph
+/// in lockstep for `--check`); the fusion report.
+fn open(
+    args: &GenerateArgs,
+    name: &str,
+    threads: &attnrt_runtime::Threads,
+) -> Result<(Generator, Option<attnrt_fusion::FusionReport>)> {
+    let loaded = load(&args.model, &args.limits.limits())?;
     let fused = if args.no_fuse {
         None
     } else {
@@ -93,53 +200,71 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
                 .with_context(|| format!("{name}: fusion failed"))?,
         )
     };
-    let blocks = fused.as_ref().map_or(0, |f| f.report.blocks.len());
     let model = fused.as_ref().map_or(&loaded.model, |f| &f.model);
     let reference = args.check.then_some(&loaded.model);
-    let threads = threads(args.threads)?;
-    let generator = Generator::new(model, reference, &threads, &name, args.matmul.backend())?;
-    let prompt = prompt(&args, tokenizer.as_ref(), generator.signature().vocab)?;
-    let options = GenerationOptions {
-        prompt,
-        max_new_tokens: args.max_new_tokens,
-        eos_token: args.eos,
-        check: args.check.then_some(tol),
+    let options = SessionOptions {
         backend: args.matmul.backend(),
+        max_memory: args.memory.budget(),
+        ..SessionOptions::default()
     };
-    let bar = progress(args.max_new_tokens);
-    let report = generator.generate(&options, |s| on_step(&bar, s))?;
-    bar.finish_and_clear();
-    let text = match &tokenizer {
-        Some(t) => Some(decode(t, &report.tokens)?),
-        None => None,
-    };
-    if args.json {
-        let v = json!({
-            "model": name,
-            "threads": threads.count(),
-            "fused_blocks": blocks,
-            "fusion": fused.as_ref().map(|f| &f.report),
-            "signature": generator.signature(),
-            "report": report,
-            "text": text,
-            "tolerance": args.check.then_some(tol),
+    let generator = Generator::with_options(model, reference, threads, name, &options)?;
+    Ok((generator, fused.map(|f| f.report)))
+}
+
+/// What the report shows besides the generation itself.
+struct Shown<'a> {
+    name: &'a str,
+    blocks: usize,
+    fusion: Option<&'a attnrt_fusion::FusionReport>,
+    generator: &'a Generator,
+    threads: usize,
+}
+
+impl Shown<'_> {
+    /// Prints the report (text or `--json`) on stdout, and on stderr why generation stopped
+    /// early at the context.
+    fn print(
+        &self,
+        args: &GenerateArgs,
+        report: &GenerationReport,
+        tokenizer: Option<&tokenizers::Tokenizer>,
+    ) -> Result<()> {
+        let text = match tokenizer {
+            Some(t) => Some(decode(t, &report.tokens)?),
+            None => None,
+        };
+        let tol = args.check.then_some(Tolerance {
+            atol: args.atol,
+            rtol: args.rtol,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        print_text(
-            &name,
-            blocks,
-            &report,
-            text.as_deref(),
-            args.check.then_some(tol),
-        );
-    }
-    match report.check_ok {
-        Some(false) => {
-            eprintln!("error: {}", first_disagreement(&report));
-            Ok(ExitCode::from(crate::EXIT_DIFF))
+        if args.json {
+            let v = json!({
+                "model": self.name,
+                "threads": self.threads,
+                "fused_blocks": self.blocks,
+                "fusion": self.fusion,
+                "signature": self.generator.signature(),
+                "report": report,
+                "text": text,
+                "tolerance": tol,
+            });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            print_text(self.name, self.blocks, report, text.as_deref(), tol);
         }
-        _ => Ok(ExitCode::SUCCESS),
+        if let (StopReason::Context, Some(c)) = (report.stopped, &report.context) {
+            let given = if c.table.is_none() {
+                " (--max-length)"
+            } else {
+                ""
+            };
+            eprintln!(
+                "note: stopped at {c}{given}: {} prompt and {} generated token(s)",
+                report.prompt.len(),
+                report.tokens.len()
+            );
+        }
+        Ok(())
     }
 }
 

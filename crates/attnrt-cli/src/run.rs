@@ -12,7 +12,7 @@ use attnrt_runtime::{dtype_name, Threads};
 use clap::Args;
 use serde_json::json;
 
-use crate::common::{dims_line, load, threads, InputArgs, LimitArgs, MatmulArgs};
+use crate::common::{dims_line, load, threads, InputArgs, LimitArgs, MatmulArgs, MemoryArgs};
 use crate::profile::ProfileArgs;
 
 /// Arguments of `attnrt run`.
@@ -60,6 +60,8 @@ pub struct RunArgs {
     pub profile: ProfileArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
 }
 
 /// What `attnrt run`'s times are: one first (cold) run of each path, which a small model's
@@ -88,7 +90,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let limits = args.limits.limits();
     let loaded = load(&args.model, &limits)?;
     let model_name = args.model.display().to_string();
-    let prepared = args.input.prepare(&loaded, &limits)?;
+    let budget = args.memory.budget();
+    let prepared = args.input.prepare(&loaded, &limits, &budget)?;
     let expected = match &args.expect {
         Some(p) => Some(read_npz_tensors(p, limits.max_tensor_elements)?),
         None => None,
@@ -103,6 +106,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         expect_tolerance: None,
         backend: args.matmul.backend(),
         profile: args.profile.profile,
+        budget,
     };
     let cmp = compare(
         &loaded.model,

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use attnrt_onnx::{DataType, ModelProto};
-use attnrt_testkit::{model, node, npy_bytes, tensor_f32, value_info, GraphBuilder};
+use attnrt_testkit::{
+    model, node, node_with_attrs, npy_bytes, tensor_f32, value_info, GraphBuilder,
+};
 use prost::Message;
 
 fn stderr(o: &Output) -> String {
@@ -118,6 +120,42 @@ fn non_onnx_file() {
     assert_clean_error(&o, 1, &["notes.onnx"]);
     let o = attnrt(&["fuse", &f.s("notes.onnx"), "-o", &f.s("fused.onnx")]);
     assert_clean_error(&o, 1, &["notes.onnx"]);
+    assert!(!f.path("fused.onnx").exists());
+}
+
+/// A Transpose whose `perm` repeats an axis (issue 28: a fuzzer's finding; `run` hung or
+/// ate 24 GB on it and `fuse` wrote it out beside a fused block) is refused by every command
+/// at load, with one line naming the file, node and attribute, and no output file.
+#[test]
+fn a_repeated_transpose_axis_is_refused_by_every_command() {
+    let f = Fixture::new();
+    let mut g = GraphBuilder::new("perm");
+    g.node(node_with_attrs(
+        "t",
+        "Transpose",
+        &["x"],
+        &["y"],
+        vec![attnrt_onnx::attr::make_ints("perm", &[0, 1, 1, 3])],
+    ));
+    g.input(value_info("x", DataType::Float, &["1", "2", "3", "4"]));
+    g.output(value_info("y", DataType::Float, &["1", "2", "2", "4"]));
+    std::fs::write(f.path("perm.onnx"), model(g.finish(), 17).encode_to_vec()).unwrap();
+    let needles = [
+        "perm.onnx",
+        "node 't' (Transpose): attribute perm [0, 1, 1, 3] repeats axis 1",
+    ];
+    let (m, out, fused) = (f.s("perm.onnx"), f.s("out.npz"), f.s("fused.onnx"));
+    let commands: [&[&str]; 5] = [
+        &["run", &m, "--output", &out],
+        &["run", &m, "--no-fuse", "--output", &out],
+        &["fuse", &m, "-o", &fused],
+        &["bench", &m, "--reps", "1"],
+        &["generate", &m, "--prompt-len", "2", "--max-new-tokens", "1"],
+    ];
+    for args in commands {
+        assert_clean_error(&attnrt(args), 1, &needles);
+    }
+    assert!(!f.path("out.npz").exists());
     assert!(!f.path("fused.onnx").exists());
 }
 

@@ -1,5 +1,6 @@
 //! `attnrt generate` end to end on a shipped decoder with a KV cache: the JSON report, the
-//! lockstep check, a text prompt through a tokenizer.json, and clean refusals.
+//! lockstep check, a text prompt through a tokenizer.json, the stop at the model's context
+//! with the tokens kept (also when a step fails), and clean refusals.
 
 mod common;
 
@@ -133,4 +134,130 @@ fn generate_refuses_models_and_prompts_it_cannot_run() {
         Some(2),
         "--prompt without --tokenizer is a usage error"
     );
+}
+
+/// `--do-sample` with the processors: checked against the unfused graph (same draws), the same
+/// `--seed` gives the same tokens on 1 and 2 threads; bad values are refused by name.
+#[test]
+fn generate_samples_with_a_seed() {
+    let m = model("llama_cache_eager.ts.onnx");
+    let run = |seed: &str, threads: &str| {
+        let v = json(&attnrt(&[
+            "generate",
+            &m,
+            "--prompt-ids",
+            "5,9,2",
+            "--max-new-tokens",
+            "10",
+            "--do-sample",
+            "--temperature",
+            "1.3",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.9",
+            "--min-p",
+            "0.01",
+            "--repetition-penalty",
+            "1.2",
+            "--seed",
+            seed,
+            "--check",
+            "--json",
+            "--threads",
+            threads,
+        ]));
+        assert_eq!(v["report"]["check_ok"], true, "{v}");
+        v["report"]["tokens"].clone()
+    };
+    let a = run("11", "1");
+    assert_eq!(a.as_array().unwrap().len(), 10);
+    assert_eq!(a, run("11", "2"), "same seed, other thread count");
+    assert_ne!(a, run("12", "1"), "another seed");
+    for (flag, value) in [
+        ("--temperature", "0"),
+        ("--top-p", "1.5"),
+        ("--min-p", "1.5"),
+        ("--repetition-penalty", "0"),
+    ] {
+        one_error_line(&attnrt(&["generate", &m, "--do-sample", flag, value]), flag);
+    }
+}
+
+fn tokens(v: &serde_json::Value) -> usize {
+    v["report"]["tokens"].as_array().unwrap().len()
+}
+
+/// GPT-2's position table has 128 rows: asked for 2000 tokens after a prompt of 8, generation
+/// stops when the prompt and the tokens fill them, prints the 120 tokens and says why.
+#[test]
+fn generate_stops_at_the_models_context_and_keeps_the_tokens() {
+    let m = model("gpt2_cache_eager.ts.onnx");
+    let args = ["generate", &m, "--max-new-tokens", "2000", "--threads", "1"];
+    let o = attnrt(&[&args[..], &["--json"]].concat());
+    let v = json(&o);
+    assert_eq!(v["report"]["prompt"].as_array().unwrap().len(), 8);
+    assert_eq!(tokens(&v), 128 - 8);
+    assert_eq!(v["report"]["stopped"], "context");
+    assert_eq!(v["report"]["context"]["positions"], 128);
+    assert_eq!(
+        v["report"]["context"]["table"],
+        "model.transformer.wpe.weight"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(
+            "note: stopped at the model's context of 128 positions (position table \
+             'model.transformer.wpe.weight' has 128 rows): 8 prompt and 120 generated token(s)"
+        ),
+        "{err}"
+    );
+    let o = attnrt(&args);
+    assert_eq!(o.status.code(), Some(0));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("generated: 120 token(s): "), "{out}");
+    // --max-length stops earlier, and a prompt longer than it is refused.
+    let v = json(&attnrt(
+        &[&args[..], &["--json", "--max-length", "20"]].concat(),
+    ));
+    assert_eq!(
+        (tokens(&v), &v["report"]["stopped"]),
+        (12, &serde_json::json!("context"))
+    );
+    one_error_line(
+        &attnrt(&[&args[..], &["--prompt-len", "30", "--max-length", "20"]].concat()),
+        "the prompt's 30 tokens do not fit the maximum length of 20 positions",
+    );
+}
+
+/// Past the position table (a --max-length beyond it), tract fails inside the Gather: the
+/// tokens made before the failing step are printed, then the error, exit code 1.
+#[test]
+fn a_failing_step_keeps_the_tokens_made_before_it() {
+    let m = model("gpt2_cache_eager.ts.onnx");
+    let o = attnrt(&[
+        "generate",
+        &m,
+        "--max-new-tokens",
+        "2000",
+        "--max-length",
+        "200",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    one_error_line(&o, "step 121 failed after 121 generated token(s)");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("node '/model/transformer/wpe/Gather'"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("the partial report");
+    // Positions 0..=127 were fed: the prompt's 8, then 120 tokens, the last giving one more.
+    assert_eq!(tokens(&v), 121);
+    assert_eq!(v["report"]["stopped"], "error");
+    assert!(v["report"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("tract panicked"));
 }

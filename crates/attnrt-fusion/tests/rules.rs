@@ -659,12 +659,14 @@ fn near_miss_mask_not_broadcastable() {
 
 #[test]
 fn near_miss_heads_mismatch() {
+    // Heads that may differ: fixed ones that do (4 against 3) would not broadcast, and the
+    // model would be refused as invalid before fusion.
     let mut b = Builder::default();
-    let q = b.input("q", &["B", "4", "L", "16"]);
-    let kt = b.input("kt", &["B", "3", "16", "L"]);
-    let v = b.input("v", &["B", "3", "L", "16"]);
+    let q = b.input("q", &["B", "H", "L", "16"]);
+    let kt = b.input("kt", &["B", "G", "16", "L"]);
+    let v = b.input("v", &["B", "G", "L", "16"]);
     let s = b.op("MatMul", &[&q, &kt], vec![]);
-    b.softmax_context(&s, -1, &v, &["B", "4", "L", "16"]);
+    b.softmax_context(&s, -1, &v, &["B", "H", "L", "16"]);
     let f = fuse(&b.model(17), &FusionOptions::default()).unwrap();
     assert!(f.report.blocks.is_empty());
     assert!(
@@ -805,6 +807,31 @@ fn near_miss_slice_not_starting_at_zero_is_not_causal() {
 
 #[test]
 fn causal_from_positions_with_padding_keeps_the_padding_mask() {
+    // With a -inf fill the triangle becomes is_causal and the padding stays as the mask.
+    let cfg = Cfg {
+        mask: Mask::Positions {
+            cmp: "LessOrEqual",
+            pad: true,
+            fill: f32::NEG_INFINITY,
+        },
+        ..Default::default()
+    };
+    let (f, n) = fused_one(&cfg);
+    assert_eq!(int_attr(&n, "is_causal"), Some(1));
+    assert_eq!(n.input.len(), 4, "the padding stays as the mask");
+    let g = f.model.graph.as_ref().unwrap();
+    assert!(!g
+        .node
+        .iter()
+        .any(|n| n.op_type == "Range" || n.op_type == "LessOrEqual"));
+}
+
+#[test]
+fn causal_with_padding_and_a_finite_fill_keeps_the_whole_mask() {
+    // transformers' finfo.min: a query row whose every visible key is padded (left padding)
+    // spreads its weight over all keys in the original, future keys included; is_causal would
+    // give it the visible keys only. Exact or not at all: the combined mask is fused as it is,
+    // with no caveat, and the note says why is_causal was not used.
     let cfg = Cfg {
         mask: Mask::Positions {
             cmp: "LessOrEqual",
@@ -813,42 +840,27 @@ fn causal_from_positions_with_padding_keeps_the_padding_mask() {
         },
         ..Default::default()
     };
-    let (f, n) = fused_one(&cfg);
-    assert_eq!(int_attr(&n, "is_causal"), Some(1));
-    // What remains is the padding, as Where(pad, 0, finfo.min).
-    let w = mask_producer(&f, &n).unwrap();
-    assert_eq!(w.op_type, "Where");
-    assert_eq!(w.input[0], "pad");
-    let g = f.model.graph.as_ref().unwrap();
-    assert!(!g
-        .node
-        .iter()
-        .any(|n| n.op_type == "Range" || n.op_type == "LessOrEqual"));
-    // finfo.min instead of -inf: rows whose every key is padded differ; --strict keeps the
-    // combined mask as it is (exact) and says why is_causal was not used.
-    let caveats = &f.report.blocks[0].caveats;
-    assert!(
-        caveats
-            .iter()
-            .any(|c| c.contains("is_causal replaces a finite fill")),
-        "{caveats:?}"
-    );
-    let strict = fuse(
-        &mha(&cfg),
-        &FusionOptions {
-            strict: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(strict.report.blocks.len(), 1);
-    let b = &strict.report.blocks[0];
-    assert!(!b.is_causal && b.caveats.is_empty());
-    assert!(
-        b.causal_note.as_deref().unwrap().contains("strict"),
-        "{:?}",
-        b.causal_note
-    );
+    for strict in [false, true] {
+        let f = fuse(
+            &mha(&cfg),
+            &FusionOptions {
+                strict,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(f.report.blocks.len(), 1);
+        let b = &f.report.blocks[0];
+        assert!(!b.is_causal && b.caveats.is_empty(), "{:?}", b.caveats);
+        let note = b.causal_note.as_deref().unwrap();
+        assert!(
+            note.starts_with("is_causal not used") && note.contains("left-padded row"),
+            "{note}"
+        );
+        let n = attention(&f);
+        assert_eq!(int_attr_or_0(n, "is_causal"), 0);
+        assert_eq!(n.input.len(), 4, "the combined mask is the op's mask");
+    }
     // `kv > q` kept: the upper triangle (anti-causal), never is_causal.
     let (f, n) = fused_one(&Cfg {
         mask: Mask::Positions {

@@ -28,6 +28,13 @@
 //! A problem with no keys at all (`Lk == 0`, or a causal offset that excludes every key) is the
 //! same case: zero rows.
 //!
+//! **Rows masked by a finite fill.** Scores and bias are added in float32, as a float32 graph
+//! adds them. transformers fills masked keys with `finfo(float32).min`, which absorbs every score
+//! (`s + min == min`), so a query row whose every key carries that fill (a padding query of a
+//! left-padded batch) softmaxes to equal weights over those keys: `Y` is their mean of `V`, in
+//! the kernel, the reference, ONNX Runtime and the unfused graph alike (the kernels add masks in
+//! natural units and convert to base 2 only after subtracting the row's maximum).
+//!
 //! Besides attention, the other kernels a transformer's run spends its time in: [`panel`] (the
 //! projections, against weights packed once, with the activation that follows them applied as
 //! they store, [`act`]) and [`norm`] (layer normalization over rows).

@@ -108,7 +108,14 @@ fn row(
         None => raw.clone(),
     };
     let biases: Vec<f64> = (0..lk).map(|j| bias(mask, params, b, h, i, j)).collect();
-    let biased: Vec<f64> = capped.iter().zip(&biases).map(|(s, bb)| s + bb).collect();
+    // The score and the bias are added in float32, as a float32 graph (and the op in float32)
+    // adds them: a bias of `finfo(float32).min` absorbs the score, so a row that every key masks
+    // with it gets equal weights; an f64 sum would keep the scores' differences there.
+    let biased: Vec<f64> = capped
+        .iter()
+        .zip(&biases)
+        .map(|(s, bb)| (*s as f32 + *bb as f32) as f64)
+        .collect();
     // Errata rule: the row is fully masked when every key's bias is −inf (decided on the bias,
     // not on the scores); such a row (and an empty one) softmaxes to zeros.
     let fully_masked = biases.iter().all(|x| *x == f64::NEG_INFINITY);

@@ -114,6 +114,58 @@ fn neg_inf_additive_row_gives_zeros() {
 }
 
 #[test]
+fn min_filled_row_averages_v_over_every_key() {
+    // transformers' fill absorbs the scores in float32: a row whose every key carries it gets
+    // equal weights (the graph's mean of V), not the errata's zeros (which are for −inf).
+    let (lq, lk, d) = (3, 5, 4);
+    let mut m = ramp(lq * lk, 0.5);
+    m[lk..2 * lk].fill(f32::MIN);
+    let mask = Mask::Additive(View4::contiguous(&m, [1, 1, lq, lk]).unwrap());
+    let vd = ramp(lk * d, 0.3);
+    let mean: Vec<f32> = (0..d)
+        .map(|e| (0..lk).map(|j| vd[j * d + e]).sum::<f32>() / lk as f32)
+        .collect();
+    for (who, out) in run_all([1, 1, 1, lq, lk, d], &mask, &AttentionParams::new(0.5)) {
+        for e in 0..d {
+            assert!(
+                (out[d + e] - mean[e]).abs() < 1e-6,
+                "{who}: {:?} vs {mean:?}",
+                &out[d..2 * d]
+            );
+        }
+    }
+}
+
+/// A left-padded batch's prompt with the causal rule in the mask (what the fusion keeps when the
+/// triangle's fill is finite): key `j` is filled for query `i` when `j > i` or `j < pad`. The
+/// kernel skips the key blocks after each block's last visible key and still gives the padded
+/// rows (which see no key) the graph's mean over every key, across several query and key blocks.
+#[test]
+fn causal_padding_mask_with_a_finite_fill_matches_the_reference() {
+    let (b, l) = (2, 300);
+    let pads = [0usize, 130];
+    for fill in [f32::MIN, f32::NEG_INFINITY] {
+        let mut m = vec![0f32; b * l * l];
+        for (bi, &pad) in pads.iter().enumerate() {
+            for i in 0..l {
+                for j in 0..l {
+                    if j > i || j < pad {
+                        m[(bi * l + i) * l + j] = fill;
+                    }
+                }
+            }
+        }
+        let mask = Mask::Additive(View4::contiguous(&m, [b, 1, l, l]).unwrap());
+        let results = run_all([b, 2, 2, l, l, 16], &mask, &AttentionParams::new(0.25));
+        assert_match_reference(
+            &results,
+            1e-5,
+            &format!("causal + left padding, fill {fill}"),
+        );
+    }
+}
+
+#[test]
 fn causal_offset_excluding_every_key_gives_zeros() {
     // offset −2: queries 0 and 1 see no key (j <= i − 2), query 2 sees key 0.
     let params = AttentionParams {

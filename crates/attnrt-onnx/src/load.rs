@@ -12,6 +12,7 @@ use crate::proto::{
     tensor_proto::DataLocation, FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto,
 };
 use crate::tensor::{check_tensor, element_count, element_size, type_name};
+use crate::validate::validate_model_with;
 use crate::Limits;
 
 /// A model read from disk, with every external tensor's data inlined into `raw_data`.
@@ -154,8 +155,9 @@ fn check_depth_and_size(graph: &GraphProto, what: &str, limits: &Limits) -> Resu
 
 /// Loads the model at `path`: reads and decodes it, resolves external data relative to the
 /// model's folder (refusing absolute paths, `..`, and links that lead outside the folder),
-/// checks every tensor's data against its dims and `limits`, and refuses tensors the run
-/// would create over the limit ([`crate::check_static_allocation`]).
+/// checks every tensor's data against its dims and `limits`, validates the model
+/// ([`crate::validate::validate_model_with`]: structure and operator rules), and refuses
+/// tensors the run would create over the limit ([`crate::check_static_allocation`]).
 pub fn load_model(path: &Path, limits: &Limits) -> Result<LoadedModel> {
     let what = path.display().to_string();
     let meta = std::fs::metadata(path).with_context(|| format!("{what}: cannot read"))?;
@@ -184,6 +186,8 @@ pub fn load_model(path: &Path, limits: &Limits) -> Result<LoadedModel> {
     // The decoded model owns copies of everything; the file's bytes are not needed any more.
     drop(bytes);
     let external_files = resolve_external(&mut model, &what, dir, limits)?;
+    // Nothing invalid goes further: fusion and tract may hang or exhaust memory on it.
+    validate_model_with(&model, limits).with_context(|| what.clone())?;
     // Last, the tensors the run would create with sizes fixed by the file: a 100-byte model
     // can ask for a 4 TB ConstantOfShape, and every user of a loaded model must be safe.
     crate::limits::check_static_allocation(&model, limits).with_context(|| what.clone())?;
@@ -196,7 +200,7 @@ pub fn load_model(path: &Path, limits: &Limits) -> Result<LoadedModel> {
 
 /// [`load_model`] on bytes already in memory: decodes them (see [`decode_model`]), reads
 /// external data from files inside `dir` only, checks every tensor against its dims and
-/// `limits`, and runs [`crate::check_static_allocation`]. `what` names the source in error messages. Returns the self-contained model and
+/// `limits`, validates the model, and runs [`crate::check_static_allocation`]. `what` names the source in error messages. Returns the self-contained model and
 /// the external data files read (relative to `dir`, in first-use order).
 pub fn load_model_from_bytes(
     bytes: &[u8],
@@ -206,6 +210,7 @@ pub fn load_model_from_bytes(
 ) -> Result<(ModelProto, Vec<String>)> {
     let mut model = decode_model(bytes, what, limits)?;
     let files = resolve_external(&mut model, what, dir, limits)?;
+    validate_model_with(&model, limits).with_context(|| what.to_string())?;
     crate::limits::check_static_allocation(&model, limits).with_context(|| what.to_string())?;
     Ok((model, files))
 }

@@ -9,7 +9,9 @@
 //! - every default-domain node names an ONNX operator that exists at the model's opset
 //!   (or calls a model-local function);
 //! - model-local functions do not call each other recursively and do not expand beyond the
-//!   node limit.
+//!   node limit;
+//! - then, on a structurally sound model, every operator's own rules ([`crate::op_check`]:
+//!   arity, axes, perms, reshape targets, split sizes, constant indices, ...).
 
 use std::collections::{HashMap, HashSet};
 
@@ -109,6 +111,9 @@ pub enum ValidationError {
         /// The node limit.
         limit: usize,
     },
+    /// A node's attributes or inputs break its operator's rules.
+    #[error(transparent)]
+    Op(#[from] crate::op_check::OpError),
 }
 
 /// Validates `model` with the default [`Limits`].
@@ -151,7 +156,10 @@ pub fn validate_model_with(model: &ModelProto, limits: &Limits) -> Result<(), Va
         default_opset: crate::opset::default_version(model),
     };
     check_functions(model, &functions, limits)?;
-    check_graph(graph, &HashSet::new(), &domains)
+    check_graph(graph, &HashSet::new(), &domains)?;
+    // The operator rules assume the structure holds (every input produced, ops known).
+    crate::op_check::check_model(model)?;
+    Ok(())
 }
 
 struct Domains<'a> {

@@ -4,7 +4,8 @@
 //! releases the GIL while the model runs, so several Python threads can run one session.
 
 use attnrt_runtime::{
-    declared_inputs, dtype_name, DeclaredDim, DeclaredInput, NamedTensor, SessionOptions, Threads,
+    declared_inputs, dtype_name, DeclaredDim, DeclaredInput, MemoryBudget, NamedTensor,
+    SessionOptions, Threads,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -26,17 +27,26 @@ pub struct Session {
 #[pymethods]
 impl Session {
     /// `model`: a path or the bytes of an ONNX file; `fuse`: fuse attention first; `threads`:
-    /// threads for the matmuls and the attention kernel (default: all cores).
+    /// threads for the matmuls and the attention kernel (default: all cores); `max_memory`:
+    /// the memory budget of a run, bytes or a size such as `8G` (default: 75% of the memory
+    /// available), a run over it raising before it starts.
     #[new]
-    #[pyo3(signature = (model, fuse = true, threads = None))]
+    #[pyo3(signature = (model, fuse = true, threads = None, max_memory = None))]
     fn new(
         py: Python<'_>,
         model: &Bound<'_, PyAny>,
         fuse: bool,
         threads: Option<usize>,
+        max_memory: Option<String>,
     ) -> PyResult<Session> {
+        let budget = match max_memory {
+            Some(size) => MemoryBudget::parse(&size)
+                .map_err(|e| py_err(e.context("max_memory")))?
+                .raised_with("max_memory="),
+            None => MemoryBudget::machine_default().raised_with("max_memory="),
+        };
         let (proto, what) = load_model(model)?;
-        py.detach(|| build(proto, &what, fuse, threads))
+        py.detach(|| build(proto, &what, fuse, threads, budget))
             .map_err(py_err)
     }
 
@@ -82,6 +92,7 @@ fn build(
     what: &str,
     fuse: bool,
     threads: Option<usize>,
+    max_memory: MemoryBudget,
 ) -> anyhow::Result<Session> {
     let threads = Threads::new(threads)?;
     let (model, report) = if fuse {
@@ -93,7 +104,11 @@ fn build(
     };
     let declared = declared_inputs(&model)?;
     let (inputs, outputs) = signature(&model);
-    let session = attnrt_runtime::Session::new(&model, &threads, what, &SessionOptions::default())?;
+    let options = SessionOptions {
+        max_memory,
+        ..SessionOptions::default()
+    };
+    let session = attnrt_runtime::Session::new(&model, &threads, what, &options)?;
     Ok(Session {
         session,
         declared,

@@ -10,6 +10,8 @@
 //! - [`gelu`]: `Gelu` split over the session's threads.
 //! - [`tensor`]: named tensors, and the inputs a model declares.
 //! - [`plan`]: plans per input shape, kept in a bounded cache.
+//! - [`memory`]: the memory a planned run needs, checked against the session's
+//!   [`MemoryBudget`] before it runs.
 //! - [`profile`]: where a run's time goes, per op kind and per node
 //!   ([`Session::run_profiled`]).
 //!
@@ -23,6 +25,7 @@ pub mod attention;
 pub mod gelu;
 pub mod layer_norm;
 mod lower;
+pub mod memory;
 pub mod plan;
 pub mod profile;
 pub mod projection;
@@ -31,6 +34,8 @@ pub mod tensor;
 pub mod threads;
 mod tract_parser;
 
+pub use attnrt_onnx::MemoryBudget;
+pub use memory::MemoryEstimate;
 pub use plan::PlanStats;
 pub use profile::{NodeTime, OpTime, Profile, ProfileReport};
 pub use projection::Backend;
@@ -101,8 +106,26 @@ fn run_once_with(
     backend: Backend,
     profile: bool,
 ) -> Result<RunResult> {
+    let options = SessionOptions {
+        backend,
+        shapes: ShapePolicy::PerShape,
+        ..SessionOptions::default()
+    };
+    run_once_with_options(model, inputs, threads, what, &options, profile)
+}
+
+/// [`run_once`] (profiled with `profile`) on a session with these `options` (e.g. another
+/// memory budget); [`ShapePolicy::PerShape`] plans for exactly these inputs.
+pub fn run_once_with_options(
+    model: &ModelProto,
+    inputs: &[NamedTensor],
+    threads: &Threads,
+    what: &str,
+    options: &SessionOptions,
+    profile: bool,
+) -> Result<RunResult> {
     let t = Instant::now();
-    let session = Session::build_with(model, inputs, threads, what, backend)?;
+    let session = Session::build_with_options(model, inputs, threads, what, options)?;
     let build_ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
     let (outputs, profile) = if profile {

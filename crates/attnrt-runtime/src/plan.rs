@@ -12,12 +12,14 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use attnrt_onnx::MemoryBudget;
 use tract_linalg::multithread::Executor;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::plan::{eval as eval_node, EvalContext};
 use tract_onnx::tract_core::runtime::RunOptions;
 use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
 
+use crate::memory::{MemoryEstimate, PlanSizes};
 use crate::threads::Threads;
 
 /// How a plan treats one input dimension.
@@ -70,6 +72,8 @@ impl PlanKey {
 pub struct Plan {
     runnable: Arc<TypedRunnableModel>,
     symbolic: bool,
+    /// The sizes of its values, for the memory check of every run.
+    sizes: Arc<PlanSizes>,
 }
 
 impl Plan {
@@ -110,15 +114,33 @@ impl Plan {
         let runnable = optimized
             .into_runnable_with_options(&options)
             .context("tract cannot plan the graph")?;
+        let sizes = PlanSizes::new(runnable.model(), runnable.order_without_consts());
         Ok(Plan {
             runnable,
             symbolic: key.is_symbolic(),
+            sizes: Arc::new(sizes),
         })
     }
 
     /// The planned graph.
     pub fn model(&self) -> &TypedModel {
         self.runnable.model()
+    }
+
+    /// What a run on inputs of these shapes keeps in memory at its peak ([`crate::memory`]).
+    pub fn memory(&self, inputs: &[&[usize]]) -> MemoryEstimate {
+        self.sizes.estimate(self.model(), inputs)
+    }
+
+    /// Refuses a run on inputs of these shapes that needs more than `budget` (`what` names the
+    /// model in the error).
+    pub fn check_memory(
+        &self,
+        inputs: &[&[usize]],
+        budget: &MemoryBudget,
+        what: &str,
+    ) -> Result<()> {
+        self.sizes.check(self.model(), inputs, budget, what)
     }
 
     /// Runs the plan; `observe` is called after every node with the node and how long it took

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
-use attnrt_onnx::ModelProto;
+use attnrt_onnx::{MemoryBudget, ModelProto};
 use prost::Message;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
@@ -93,6 +93,9 @@ pub struct SessionOptions {
     /// Run `Pow` by a constant 2, 3 or 4 (float32/float64 base) as multiplications, within
     /// two roundings of tract's `powf` (see `lower/pow.rs`); off runs tract's `powf`.
     pub pow_as_mul: bool,
+    /// The most memory a run may need (its inputs and the intermediates alive at once, from
+    /// the plan's facts); a run over it is refused before it starts ([`crate::memory`]).
+    pub max_memory: MemoryBudget,
 }
 
 impl Default for SessionOptions {
@@ -102,6 +105,7 @@ impl Default for SessionOptions {
             shapes: ShapePolicy::default(),
             max_plans: 8,
             pow_as_mul: true,
+            max_memory: MemoryBudget::machine_default(),
         }
     }
 }
@@ -306,7 +310,18 @@ impl Session {
             shapes: ShapePolicy::PerShape,
             ..SessionOptions::default()
         };
-        let session = Session::new(model, threads, what, &options)?;
+        Session::build_with_options(model, inputs, threads, what, &options)
+    }
+
+    /// A session with these `options`, its plan for the shapes of `inputs` built now.
+    pub fn build_with_options(
+        model: &ModelProto,
+        inputs: &[NamedTensor],
+        threads: &Threads,
+        what: &str,
+        options: &SessionOptions,
+    ) -> Result<Session> {
+        let session = Session::new(model, threads, what, options)?;
         let refs: Vec<&NamedTensor> = session
             .inputs
             .iter()
@@ -364,7 +379,8 @@ impl Session {
     }
 
     /// Runs the model once on `inputs` (any order; extra names are ignored), planning for
-    /// their shapes first if no plan serves them yet.
+    /// their shapes first if no plan serves them yet. A run whose inputs and intermediates would
+    /// need more than [`SessionOptions::max_memory`] is refused before it starts.
     ///
     /// tract takes its inputs by value, so this copies every input tensor once (tract's tensors
     /// have no shared storage); [`Session::run_owned`] hands them over without a copy.
@@ -596,7 +612,8 @@ impl Session {
     /// Runs `plan`. A symbolic plan that fails (its shape check, or an op refusing inputs that
     /// tract's symbolic planning got wrong) is refused, and these shapes run on a concrete plan;
     /// if that fails too, its error is the answer. The inputs are kept for the second try only
-    /// when the plan is symbolic. With `profile`, the profile of the run that succeeded.
+    /// when the plan is symbolic. With `profile`, the profile of the run that succeeded. A run
+    /// over the memory budget is refused before it starts, on either plan.
     fn run_plan_shapes(
         &self,
         (key, plan): (PlanKey, Plan),
@@ -604,6 +621,7 @@ impl Session {
         shapes: &[(DatumType, Vec<usize>)],
         profile: bool,
     ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
+        self.check_memory(&plan, shapes)?;
         let retry = key.is_symbolic().then(|| values.clone());
         match self.execute(&plan, values, profile) {
             Ok(outputs) => Ok(outputs),
@@ -611,10 +629,18 @@ impl Session {
                 self.refuse(&key, format!("{e:#}"));
                 let concrete = PlanKey::concrete(shapes);
                 let plan = self.build_plan(&concrete)?;
+                self.check_memory(&plan, shapes)?;
                 self.execute(&plan, retry.unwrap_or_default(), profile)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Refuses a run of `plan` on inputs of these shapes that would need more memory than the
+    /// session's budget ([`SessionOptions::max_memory`]).
+    fn check_memory(&self, plan: &Plan, shapes: &[(DatumType, Vec<usize>)]) -> Result<()> {
+        let shapes: Vec<&[usize]> = shapes.iter().map(|(_, s)| s.as_slice()).collect();
+        plan.check_memory(&shapes, &self.options.max_memory, &self.what)
     }
 
     fn execute(

@@ -58,7 +58,7 @@ pub use attnrt_runtime::{
 };
 
 /// Loads an ONNX model (external data read from the model's folder), under the default
-/// [`Limits`]; every error names the file.
+/// [`Limits`], and validates it (structure and operator rules); every error names the file.
 pub fn load(path: impl AsRef<Path>) -> Result<ModelProto> {
     Ok(attnrt_onnx::load_model(path.as_ref(), &Limits::default())?.model)
 }

@@ -1,12 +1,16 @@
 //! Generation over the shipped decoders with a KV cache (GPT-2 and LLaMA-GQA, TorchScript and
 //! dynamo, eager and SDPA): the fused graph generates the same tokens as the original graph in
 //! lockstep, with logits within |a − b| ≤ 1e-4 + 1e-4·|b| (the kernel reassociates sums), and
-//! one session serves the prompt and every decode step with two plans. Bad decoders are
-//! refused with the input or output named.
+//! one session serves the prompt and every decode step with two plans. Generation stops at the
+//! model's context (GPT-2's position table) or a given maximum length, and a failing step keeps
+//! the tokens made before it. Bad decoders are refused with the input or output named.
 
 use std::path::{Path, PathBuf};
 
-use attnrt::generate::{DecoderSignature, GenerationOptions, Generator};
+use attnrt::generate::{
+    context, DecoderSignature, GenerationFailed, GenerationOptions, Generator, SamplingOptions,
+    StopReason,
+};
 use attnrt::harness::Tolerance;
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, Limits, ModelProto};
@@ -56,6 +60,8 @@ fn fused_decoders_generate_the_unfused_tokens_with_two_plans() {
             eos_token: None,
             check: Some(tol),
             backend: Backend::Attnrt,
+            sampling: SamplingOptions::default(),
+            max_length: None,
         };
         let mut seen = 0;
         let report = generator.generate(&options, |_| seen += 1).unwrap();
@@ -84,8 +90,11 @@ fn eos_stops_generation_and_keeps_the_token() {
         eos_token: None,
         check: None,
         backend: Backend::Attnrt,
+        sampling: SamplingOptions::default(),
+        max_length: None,
     };
     let free = g.generate(&options, |_| {}).unwrap();
+    assert_eq!(free.stopped, StopReason::MaxNewTokens);
     options.eos_token = Some(free.tokens[1]);
     let stopped = g.generate(&options, |_| {}).unwrap();
     let stop_at = free
@@ -95,6 +104,139 @@ fn eos_stops_generation_and_keeps_the_token() {
         .unwrap();
     assert_eq!(stopped.tokens, free.tokens[..=stop_at], "{file}");
     assert_eq!(stopped.check_ok, None);
+    assert_eq!(stopped.stopped, StopReason::Eos);
+}
+
+#[test]
+fn the_context_is_the_position_table_of_gpt2_and_unknown_for_llama() {
+    for file in decoders() {
+        let model = load(&file);
+        let found = context::position_table(&model, Some("position_ids"));
+        // LLaMA computes its rotary angles from the positions: no table, no limit.
+        let want = file.starts_with("gpt2").then_some(128);
+        assert_eq!(
+            found.as_ref().map(|c| c.positions),
+            want,
+            "{file}: {found:?}"
+        );
+        if let Some(c) = found {
+            assert!(c.table.unwrap().ends_with("wpe.weight"), "{file}");
+        }
+    }
+}
+
+#[test]
+fn generation_stops_at_the_context_or_keeps_its_tokens_when_a_step_fails() {
+    let file = "gpt2_cache_eager.ts.onnx";
+    let model = load(file);
+    let threads = Threads::new(Some(1)).unwrap();
+    let g = Generator::new(&model, None, &threads, file, Backend::Attnrt).unwrap();
+    assert_eq!(g.context().unwrap().positions, 128);
+    let mut options = GenerationOptions {
+        prompt: vec![1, 2, 3],
+        max_new_tokens: 10,
+        eos_token: None,
+        check: None,
+        backend: Backend::Attnrt,
+        max_length: Some(7),
+        sampling: SamplingOptions::default(),
+    };
+    let r = g.generate(&options, |_| {}).unwrap();
+    assert_eq!(
+        r.tokens.len(),
+        4,
+        "the prompt and the tokens fill the 7 positions"
+    );
+    assert_eq!(r.stopped, StopReason::Context);
+    assert_eq!(r.context.unwrap().table, None);
+    // A prompt longer than the context is refused before anything runs.
+    options.max_length = Some(2);
+    let err = g.generate(&options, |_| {}).unwrap_err().to_string();
+    assert!(
+        err.contains("do not fit the maximum length of 2 positions"),
+        "{err}"
+    );
+    // Past the 128 rows of the table, tract fails inside the Gather: the tokens made before
+    // are kept (the last position that fits, 127, gives one token more than the context).
+    options.prompt = (0..120).map(|i| i % 100).collect();
+    options.max_length = Some(130);
+    let err = g.generate(&options, |_| {}).unwrap_err();
+    let failed = err.downcast_ref::<GenerationFailed>().unwrap();
+    assert_eq!(failed.report.tokens.len(), 9, "{err:#}");
+    assert_eq!(failed.report.stopped, StopReason::Error);
+    assert!(
+        failed.report.error.as_ref().unwrap().contains("Gather"),
+        "{err:#}"
+    );
+}
+
+/// Sampling through a fused decoder: the unfused graph in lockstep draws the same tokens from
+/// the same stream; the same seed gives the same tokens (on 1 and 2 threads), another seed other
+/// tokens; top-k 1 is greedy.
+#[test]
+fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
+    let file = &decoders()[0];
+    let original = load(file);
+    let fused = fuse(&original, &FusionOptions::default()).unwrap().model;
+    let sampled = |threads: usize, seed: u64, top_k: usize| {
+        let threads = Threads::new(Some(threads)).unwrap();
+        let g = Generator::new(&fused, Some(&original), &threads, file, Backend::Attnrt).unwrap();
+        let options = GenerationOptions {
+            prompt: vec![3, 14, 15],
+            max_new_tokens: 12,
+            eos_token: None,
+            check: Some(Tolerance {
+                atol: 1e-4,
+                rtol: 1e-4,
+            }),
+            backend: Backend::Attnrt,
+            max_length: None,
+            sampling: SamplingOptions {
+                do_sample: true,
+                temperature: 1.5,
+                top_k,
+                top_p: 0.95,
+                repetition_penalty: 1.1,
+                seed,
+                ..SamplingOptions::default()
+            },
+        };
+        let report = g.generate(&options, |_| {}).unwrap();
+        assert_eq!(report.check_ok, Some(true), "{file}: {:#?}", report.steps);
+        report.tokens
+    };
+    let a = sampled(1, 5, 0);
+    assert_eq!(a, sampled(2, 5, 0), "{file}: same seed, other thread count");
+    assert_ne!(a, sampled(1, 6, 0), "{file}: another seed");
+    let threads = Threads::new(Some(1)).unwrap();
+    let g = Generator::new(&fused, None, &threads, file, Backend::Attnrt).unwrap();
+    let greedy = GenerationOptions {
+        prompt: vec![3, 14, 15],
+        max_new_tokens: 12,
+        eos_token: None,
+        check: None,
+        backend: Backend::Attnrt,
+        max_length: None,
+        sampling: SamplingOptions {
+            repetition_penalty: 1.1,
+            ..SamplingOptions::default()
+        },
+    };
+    let want = g.generate(&greedy, |_| {}).unwrap().tokens;
+    let top1 = GenerationOptions {
+        sampling: SamplingOptions {
+            do_sample: true,
+            top_k: 1,
+            seed: 9,
+            ..greedy.sampling.clone()
+        },
+        ..greedy.clone()
+    };
+    assert_eq!(
+        g.generate(&top1, |_| {}).unwrap().tokens,
+        want,
+        "{file}: top-k 1 is greedy"
+    );
 }
 
 #[test]

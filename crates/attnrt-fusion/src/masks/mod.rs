@@ -122,15 +122,23 @@ pub fn caveats(
             fits(&at, s, scores_shape)?;
         }
         if let MaskLayer::Fill { fill_value, .. } = m {
-            caveats.push(fill_caveat(&at, *fill_value)?);
+            caveats.extend(fill_caveat(&at, *fill_value)?);
         }
     }
     caveats.dedup();
     Ok(caveats)
 }
 
-/// The caveat of a `Where` fill fused into the op's mask, or why the fill cannot be fused.
-fn fill_caveat(at: &str, fill_value: f64) -> Result<String, Mismatch> {
+/// Fills at or below this replace a score exactly when added to it in float32: their spacing is
+/// at least 2^76, so any score under 1e22 in magnitude vanishes (`s + fill == fill`).
+/// transformers' `finfo(float32).min` is one.
+const ABSORBING_FILL: f64 = -1.0e30;
+
+/// The caveat of a `Where` fill fused into the op's mask (none when the fused form is exact), or
+/// why the fill cannot be fused. The op adds the fill to the score, where `Where` replaces the
+/// score by it: the same in float32 for an absorbing fill, so a row whose every key is masked
+/// gets equal weights either way.
+fn fill_caveat(at: &str, fill_value: f64) -> Result<Option<String>, Mismatch> {
     if fill_value.is_nan() || fill_value == f64::INFINITY {
         return Err(Mismatch::new(
             at,
@@ -140,11 +148,13 @@ fn fill_caveat(at: &str, fill_value: f64) -> Result<String, Mismatch> {
         ));
     }
     Ok(if fill_value == f64::NEG_INFINITY {
-        "rows with every key masked: 0 from the ONNX Attention op, NaN in PyTorch".to_string()
+        Some("rows with every key masked: 0 from the ONNX Attention op, NaN in PyTorch".to_string())
+    } else if fill_value <= ABSORBING_FILL {
+        None
     } else {
-        format!(
+        Some(format!(
             "masked_fill({}) fused as an additive mask: rows with every key masked differ",
             fill_str(fill_value)
-        )
+        ))
     })
 }

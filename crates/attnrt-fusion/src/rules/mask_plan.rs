@@ -92,6 +92,10 @@ fn use_causal(
         Ok(p) => p,
         Err(why) => return format!("is_causal not used: {}", joined(&why)),
     };
+    if let Some(why) = &proof.inexact {
+        // Exact or not at all: the mask is fused as it is (the kernel adds it as the graph does).
+        return format!("is_causal not used: {why}");
+    }
     let mut with = plan.masks.clone();
     match proof.replacement {
         Some(l) => with[proof.layer] = l,
@@ -99,7 +103,7 @@ fn use_causal(
             with.remove(proof.layer);
         }
     }
-    let mut c = match masks::caveats(view, &with, scores) {
+    let c = match masks::caveats(view, &with, scores) {
         Ok(c) => c,
         Err(m) => {
             return format!(
@@ -108,11 +112,6 @@ fn use_causal(
             )
         }
     };
-    if let Some(pc) = &proof.caveat {
-        // The causal caveat says it for the remaining padding fill too.
-        c.retain(|x| base.contains(x) || !x.starts_with("masked_fill("));
-        c.push(pc.clone());
-    }
     let added: Vec<&str> = c
         .iter()
         .filter(|x| !base.contains(x))

@@ -104,7 +104,7 @@ fn hsum(x: __m256) -> f32 {
 }
 
 /// One block of the online softmax of a row (see `block::softmax_row`, whose contract this
-/// keeps): running max and sum updated, `s` turned into `p = 2^(s − m)`, `α` returned.
+/// keeps): running max and sum updated, `s` turned into `p = 2^((s − m)·log2 e)`, `α` returned.
 ///
 /// # Safety
 /// AVX2 and FMA available; `srow` holds `KB` scores.
@@ -121,11 +121,15 @@ pub(super) unsafe fn softmax_row(srow: *mut f32, m: &mut f32, l: &mut f32) -> f3
     } else {
         m_new
     };
-    let alpha = _mm256_cvtss_f32(vexp2(_mm256_set1_ps(*m - m_use)));
+    let log2e = _mm256_set1_ps(std::f32::consts::LOG2_E);
+    let alpha = _mm256_cvtss_f32(vexp2(_mm256_mul_ps(_mm256_set1_ps(*m - m_use), log2e)));
     let mu = _mm256_set1_ps(m_use);
     let mut sum = _mm256_setzero_ps();
     for c in 0..KB / 8 {
-        let p = vexp2(_mm256_sub_ps(_mm256_loadu_ps(srow.add(c * 8)), mu));
+        let p = vexp2(_mm256_mul_ps(
+            _mm256_sub_ps(_mm256_loadu_ps(srow.add(c * 8)), mu),
+            log2e,
+        ));
         _mm256_storeu_ps(srow.add(c * 8), p);
         sum = _mm256_add_ps(sum, p);
     }

@@ -17,7 +17,7 @@ use crate::flash::{JobMask, EXP2_C};
 
 /// Per-thread scratch of the decode tasks.
 pub(crate) struct Rows {
-    /// packed queries, `R×D`, times `scale·log2 e`
+    /// packed queries, `R×D`, times `scale`
     qp: Vec<f32>,
     /// the score tile of the current block, `R×KB`
     s: Vec<f32>,
@@ -70,7 +70,7 @@ fn unit(st: [isize; 4], append: &Option<Append>, past: impl Fn(&Append) -> [isiz
     st[3] == 1 && append.as_ref().is_none_or(|a| past(a)[3] == 1)
 }
 
-/// Computes split `s` of `(b, kvh)` into `part` = `m[R]`, `l[R]`, `o[R][Dv]` (base-2 running max,
+/// Computes split `s` of `(b, kvh)` into `part` = `m[R]`, `l[R]`, `o[R][Dv]` (running max,
 /// sum of `2^(score − m)`, and the un-normalized output of every row).
 ///
 /// # Safety
@@ -313,7 +313,7 @@ pub(crate) unsafe fn store_past_rows(plan: &Plan, keys: std::ops::Range<usize>) 
     }
 }
 
-/// `qp[r][e] = scale·log2 e · Q[b, h, i, e]` for every row `r = (h, i)` of the group.
+/// `qp[r][e] = scale · Q[b, h, i, e]` for every row `r = (h, i)` of the group.
 #[inline(always)]
 unsafe fn pack_queries(plan: &Plan, rows: &mut Rows, b: usize, kvh: usize) {
     let [s0, s1, s2, s3] = plan.qs;
@@ -323,7 +323,7 @@ unsafe fn pack_queries(plan: &Plan, rows: &mut Rows, b: usize, kvh: usize) {
             .q
             .offset(b as isize * s0 + h as isize * s1 + i as isize * s2);
         for (e, x) in dst.iter_mut().enumerate() {
-            *x = *row.offset(e as isize * s3) * plan.scale2;
+            *x = *row.offset(e as isize * s3) * plan.scale;
         }
     }
 }
@@ -441,9 +441,9 @@ unsafe fn bias_row(
     nb: usize,
 ) {
     let (h, i) = plan.row_head_query(kvh, r);
-    if let Some(c2) = plan.softcap2 {
+    if let Some(c) = plan.softcap {
         for x in &mut srow[..nb] {
-            *x = c2 * (*x / c2).tanh();
+            *x = c * (*x / c).tanh();
         }
     }
     let at = |st: [isize; 4], t: usize| {
@@ -453,7 +453,7 @@ unsafe fn bias_row(
         JobMask::None => {}
         JobMask::Additive(m, st) => {
             for (t, x) in srow[..nb].iter_mut().enumerate() {
-                *x += *m.offset(at(st, t)) * std::f32::consts::LOG2_E;
+                *x += *m.offset(at(st, t));
             }
         }
         JobMask::Boolean(m, st) => {
@@ -471,7 +471,7 @@ unsafe fn bias_row(
 }
 
 /// One block of the online softmax of a row: updates the running max `m` and sum `l`, turns
-/// the scores into `p = 2^(s − m)` and returns the factor `α = 2^(m_old − m)` for the
+/// the scores into `p = 2^((s − m)·log2 e)` and returns the factor `α = 2^((m_old − m)·log2 e)` for the
 /// output accumulated so far. While every score seen is `−inf`, `m` stays `−inf` and `p = 0`.
 #[inline(always)]
 fn softmax_row<const FMA: bool>(srow: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
@@ -492,10 +492,11 @@ fn softmax_row<const FMA: bool>(srow: &mut [f32], m: &mut f32, l: &mut f32) -> f
     } else {
         m_new
     };
-    let alpha = exp2_lanes::<FMA, 8>([*m - m_use; 8])[0];
+    let log2e = std::f32::consts::LOG2_E;
+    let alpha = exp2_lanes::<FMA, 8>([(*m - m_use) * log2e; 8])[0];
     let mut sum = [0.0f32; 8];
     for c in srow.chunks_exact_mut(8) {
-        let x: [f32; 8] = std::array::from_fn(|e| c[e] - m_use);
+        let x: [f32; 8] = std::array::from_fn(|e| (c[e] - m_use) * log2e);
         let p = exp2_lanes::<FMA, 8>(x);
         c.copy_from_slice(&p);
         for (a, x) in sum.iter_mut().zip(p) {

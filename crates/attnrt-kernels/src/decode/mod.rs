@@ -15,8 +15,9 @@
 //!   rows are read from `past_*`, used, and stored into `present_*` by the task that read them
 //!   (non-temporal stores), so a step reads the past once and writes present once.
 //!
-//! Scores are kept in base-2 units (`scale·log2 e` folded into the packed queries) as in the
-//! flash kernel, so the softmax needs `2^x`. The arithmetic is written once, over fixed-size lane
+//! Scores and masks are in natural units (`scale` folded into the packed queries) as in the
+//! flash kernel, which adds a mask to a score with the float32 graph's rounding; the softmax
+//! takes `x − max` to base 2 and needs `2^x`. The arithmetic is written once, over fixed-size lane
 //! arrays, in [`block`]; it is compiled for AVX2+FMA (selected at run time) and for the baseline
 //! target (the portable path).
 
@@ -67,10 +68,10 @@ pub(crate) struct Plan {
     pub q_len: usize,
     pub d: usize,
     pub dv: usize,
-    /// `scale·log2 e`
-    pub scale2: f32,
-    /// `softcap·log2 e` (the cap in base-2 units), if soft-capping applies
-    pub softcap2: Option<f32>,
+    /// the scale of `Q·Kᵀ`
+    pub scale: f32,
+    /// the soft-cap, if soft-capping applies
+    pub softcap: Option<f32>,
     pub causal: Option<isize>,
     /// Keys any row may attend: `live_keys`, cut at the causal frontier of the last query.
     pub keys: usize,
@@ -217,7 +218,7 @@ fn run_plan(isa: Isa, plan: &Plan) {
     merge(plan, &parts);
 }
 
-/// The plan of one call: pointers, base-2 constants, visited keys and the split of the keys.
+/// The plan of one call: pointers, constants, visited keys and the split of the keys.
 #[allow(clippy::too_many_arguments)]
 fn plan(
     p: &Problem,
@@ -229,7 +230,6 @@ fn plan(
     out: &mut ViewMut4,
     threads: usize,
 ) -> Plan {
-    let log2e = std::f32::consts::LOG2_E;
     let mut plan = Plan {
         q: q.data.as_ptr(),
         qs: effective_strides(&q.dims, &q.strides),
@@ -254,8 +254,8 @@ fn plan(
         q_len: p.q_len,
         d: p.head_dim,
         dv: p.v_head_dim,
-        scale2: params.scale * log2e,
-        softcap2: params.effective_softcap().map(|c| c * log2e),
+        scale: params.scale,
+        softcap: params.effective_softcap(),
         causal: params.causal,
         keys: p.live_keys,
         splits: 1,
@@ -313,7 +313,7 @@ fn merge_row(splits: &[f32], part_len: usize, r: usize, dv: usize, acc: &mut [f3
     }
     let mut sum = 0.0f32;
     for part in splits.chunks(part_len) {
-        let w = (part[r] - m_max).exp2();
+        let w = ((part[r] - m_max) * std::f32::consts::LOG2_E).exp2();
         if w == 0.0 {
             continue;
         }

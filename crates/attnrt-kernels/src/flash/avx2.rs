@@ -64,7 +64,7 @@ fn vmax(a: V, b: V) -> V {
     _mm256_max_ps(a, b)
 }
 
-/// `2^x` (scores are kept in base-2 units): `x = n + f`, `n = round(x)`, a degree-6 polynomial
+/// `2^x` (the softmax takes `(s − max)·log2 e`): `x = n + f`, `n = round(x)`, a degree-6 polynomial
 /// for `2^f` (relative error < 1e-7) and `2^n` built in the exponent bits. Arguments below −126
 /// (including −inf) give exactly 0 — no denormals reach the FMAs; NaN stays NaN.
 #[target_feature(enable = "avx2,fma")]

@@ -64,8 +64,7 @@ fn vmax(a: V, b: V) -> V {
     _mm512_max_ps(a, b)
 }
 
-/// `2^x` for the softmax, whose scores the kernel keeps in base-2 units (`log2 e` is folded into
-/// the packed queries and the mask): `x = n + f` with `n = round(x)`, `|f| ≤ 1/2`, a degree-6
+/// `2^x` for the softmax, which takes `(s − max)·log2 e`: `x = n + f` with `n = round(x)`, `|f| ≤ 1/2`, a degree-6
 /// polynomial for `2^f` (relative error < 1e-7 in f32), `scalef` for `2^n`. Ten vector
 /// operations, against thirteen for `e^x` with a Cody–Waite reduction.
 /// Arguments below −126 (including −inf, whose reduction is NaN) give exactly 0: masked keys

@@ -5,9 +5,12 @@
 //! K/V key block serves all of them before the next is loaded, which divides the K/V memory
 //! traffic by `qsub` (the traffic, not the FMAs, bounds the kernel at long sequences). Within a query block everything is *query-major in the vector lanes*:
 //!
-//! * `Qᵀ` block packed once per task, `[D][BQ]`, pre-multiplied by `scale·log2 e`: scores are kept
-//!   in base-2 units so that the softmax needs `2^x` (a cheaper polynomial than `e^x`); additive masks
-//!   and the soft-cap are converted to the same units where they are applied;
+//! * `Qᵀ` block packed once per task, `[D][BQ]`, pre-multiplied by `scale`: scores, soft-cap and
+//!   mask are in natural units, as the float32 graph computes them, so that a mask adds to a score
+//!   with the graph's rounding (transformers' `finfo(float32).min` fill absorbs the score: a query
+//!   row that sees no key gets equal weights, as in the graph). The softmax takes `x − max` to
+//!   base 2 (one multiply by `log2 e`, after the subtraction, where it is exact enough) and needs
+//!   `2^x` (a cheaper polynomial than `e^x`);
 //! * scores computed transposed, `Sᵀ[key][BQ] = K_block · Qᵀ` — a register-blocked GEMM whose
 //!   A operand is K's rows (broadcast loads, so K is never transposed) and whose B operand is the
 //!   packed `Qᵀ`. The key block's K and V rows are first copied densely into scratch: with the
@@ -22,6 +25,9 @@
 //! the sequence lengths (≤ 0.6 MB with AVX-512 at D = Dv = 64 or 128).
 //! Keys past the causal frontier of a block's last query are never visited.
 
+mod key_ends;
+
+use self::key_ends::KeyEnds;
 use crate::view::effective_strides;
 use crate::{AttentionParams, Isa, Mask, Problem, View4, ViewMut4};
 
@@ -57,6 +63,8 @@ pub(crate) struct Job {
     pub softcap: Option<f32>,
     /// Query blocks per task (`1..=QSUB_MAX` of the ISA), see [`choose_qsub`].
     pub qsub: usize,
+    /// Where each query row's visible keys end under the mask (key blocks after it are skipped).
+    pub key_ends: Option<KeyEnds>,
 }
 
 // SAFETY: the pointers come from validated views borrowed for the whole call (`run` does not
@@ -152,7 +160,12 @@ pub(crate) fn run(
     if out.num_elements() == 0 {
         return;
     }
-    let (bq, _, qsub_max) = tiles(isa);
+    let (bq, bk, qsub_max) = tiles(isa);
+    let mask_strides = match mask {
+        Mask::None => [0; 4],
+        Mask::Additive(m) => shared_rows(m, |a, b| a.to_bits() == b.to_bits()),
+        Mask::Boolean(m) => shared_rows(m, |a, b| a == b),
+    };
     let job = Job {
         q: q.data.as_ptr(),
         qs: effective_strides(&q.dims, &q.strides),
@@ -164,11 +177,8 @@ pub(crate) fn run(
         os: effective_strides(&out.dims, &out.strides),
         mask: match mask {
             Mask::None => JobMask::None,
-            Mask::Additive(m) => JobMask::Additive(
-                m.data.as_ptr(),
-                shared_rows(m, |a, b| a.to_bits() == b.to_bits()),
-            ),
-            Mask::Boolean(m) => JobMask::Boolean(m.data.as_ptr(), shared_rows(m, |a, b| a == b)),
+            Mask::Additive(m) => JobMask::Additive(m.data.as_ptr(), mask_strides),
+            Mask::Boolean(m) => JobMask::Boolean(m.data.as_ptr(), mask_strides),
         },
         batch: p.batch,
         q_heads: p.q_heads,
@@ -189,6 +199,7 @@ pub(crate) fn run(
             p.v_head_dim,
             rayon::current_num_threads(),
         ),
+        key_ends: KeyEnds::of(mask, mask_strides, p.live_keys, (bq, bk)),
     };
     // SAFETY: `isa` was checked available by the caller; `job` holds pointers of validated views.
     unsafe {
@@ -621,7 +632,7 @@ macro_rules! flash_core {
         }
 
         /// Online softmax over one score tile: updates the running max `m` and sum `l`, turns the
-        /// scores into `2^(s − max)` (base-2 units, see the module docs) in place and leaves the rescale factor of the old partial
+        /// scores into `2^((s − max)·log2 e)` (see the module docs) in place and leaves the rescale factor of the old partial
         /// results in `alpha`. A lane whose max is still `−inf` (no attendable key so far) uses 0
         /// as its reference so that no `−inf − (−inf)` NaN appears; its probabilities are 0.
         /// `tile_max`: the running max already folded with the tile's scores (by `qk_block`).
@@ -642,11 +653,12 @@ macro_rules! flash_core {
                 }
             };
             let mut rescale = false;
+            let log2e = vsplat(std::f32::consts::LOG2_E);
             let mut ms = [vzero(); N];
             for n in 0..N {
                 ms[n] = vzero_if_neg_inf(mx[n]);
                 let old = vload(m.add(n * LANES));
-                let a = vexp2(vsub(old, ms[n]));
+                let a = vexp2(vmul(vsub(old, ms[n]), log2e));
                 rescale |= !vall_one(a);
                 vstore(alpha.add(n * LANES), a);
                 vstore(m.add(n * LANES), mx[n]);
@@ -655,7 +667,7 @@ macro_rules! flash_core {
             for j in 0..nk {
                 for n in 0..N {
                     let ptr = s.add(j * BQ + n * LANES);
-                    let e = vexp2(vsub(vload(ptr), ms[n]));
+                    let e = vexp2(vmul(vsub(vload(ptr), ms[n]), log2e));
                     vstore(ptr, e);
                     sum[n] = vadd(sum[n], e);
                 }
@@ -683,18 +695,16 @@ macro_rules! flash_core {
         #[inline]
         unsafe fn bias_block<const N: usize>(job: &Job, b: usize, h: usize, i0: usize, nq: usize, j0: usize, nk: usize, s: *mut f32) {
             if let Some(c) = job.softcap {
-                // Scores are `log2 e` times the natural ones, so `c·tanh(x/c)` in natural units is
-                // `c2·tanh(x2/c2)` with `c2 = c·log2 e`.
-                let c2 = c * std::f32::consts::LOG2_E;
                 for j in 0..nk {
                     for q in 0..nq {
                         let x = s.add(j * BQ + q);
-                        *x = c2 * (*x / c2).tanh();
+                        *x = c * (*x / c).tanh();
                     }
                 }
             }
-            let log2e = vsplat(std::f32::consts::LOG2_E);
-            match job.mask {
+            // A tile where the mask is all zeros (below the triangle of a causal mask) is not read.
+            let zero = job.key_ends.as_ref().is_some_and(|e| e.zero_tile(b, h, i0, j0));
+            match if zero { JobMask::None } else { job.mask } {
                 JobMask::None => {}
                 JobMask::Additive(ptr, st) if st[2] == 0 => {
                     // One value per key for all queries (e.g. a `[B, 1, 1, Lk]` padding mask):
@@ -704,7 +714,7 @@ macro_rules! flash_core {
                         let mv = vsplat(*base.offset((j0 + j) as isize * st[3]));
                         for n in 0..N {
                             let x = s.add(j * BQ + n * LANES);
-                            vstore(x, vfma(mv, log2e, vload(x)));
+                            vstore(x, vadd(vload(x), mv));
                         }
                     }
                 }
@@ -737,13 +747,13 @@ macro_rules! flash_core {
                             vtranspose(&mut t);
                             for (k, x) in t.iter().enumerate() {
                                 let sp = s.add((jg + k) * BQ + q0);
-                                vstore(sp, vfma(*x, log2e, vload(sp)));
+                                vstore(sp, vadd(vload(sp), *x));
                             }
                             jg += LANES;
                         }
                         for j in nk_full..nk {
                             for r in 0..live {
-                                *s.add(j * BQ + q0 + r) += *rows.offset(r as isize * st[2]).add(j) * std::f32::consts::LOG2_E;
+                                *s.add(j * BQ + q0 + r) += *rows.offset(r as isize * st[2]).add(j);
                             }
                         }
                     }
@@ -753,7 +763,7 @@ macro_rules! flash_core {
                     for j in 0..nk {
                         let col = base.offset((j0 + j) as isize * st[3]);
                         for q in 0..nq {
-                            *s.add(j * BQ + q) += *col.offset((i0 + q) as isize * st[2]) * std::f32::consts::LOG2_E;
+                            *s.add(j * BQ + q) += *col.offset((i0 + q) as isize * st[2]);
                         }
                     }
                 }
@@ -961,7 +971,7 @@ macro_rules! flash_core {
                     let i1 = i0 + BQ;
                     prefetch_rows(qbase.offset(i1 as isize * job.qs[2]), job.qs[2], BQ.min(job.q_len - i1), d);
                 }
-                pack_q_block(qbase, job.qs[2], job.qs[3], job.scale * std::f32::consts::LOG2_E, i0, nq, d, sc.qt.ptr().add(sub * d * BQ));
+                pack_q_block(qbase, job.qs[2], job.qs[3], job.scale, i0, nq, d, sc.qt.ptr().add(sub * d * BQ));
                 for q in 0..BQ {
                     *sc.m.ptr().add(sub * BQ + q) = f32::NEG_INFINITY;
                     *sc.l.ptr().add(sub * BQ + q) = 0.0;
@@ -975,6 +985,11 @@ macro_rules! flash_core {
                 if let Some(off) = job.causal {
                     let limit = ((i0 + nq - 1) as isize).saturating_add(off).saturating_add(1);
                     sub_kend[sub] = if limit <= 0 { 0 } else { job.live_keys.min(limit as usize) };
+                }
+                // Likewise keys after the last one the mask leaves any of its queries.
+                if let Some(ends) = &job.key_ends {
+                    let last = (i0..i0 + nq).map(|i| ends.end(b, h, i)).max().unwrap_or(0);
+                    sub_kend[sub] = sub_kend[sub].min(last);
                 }
             }
             let kend = sub_kend[..nsub].iter().copied().max().unwrap_or(0);

@@ -63,7 +63,7 @@ fn vsub(a: V, b: V) -> V {
 fn vmax(a: V, b: V) -> V {
     lanewise(a, b, f32::max)
 }
-/// `2^x` (scores are kept in base-2 units).
+/// `2^x` (the softmax takes `(s − max)·log2 e`).
 #[inline]
 fn vexp2(x: V) -> V {
     x.map(f32::exp2)

@@ -124,7 +124,10 @@ class InferenceSession:
     """A model ready to run, shaped like ``onnxruntime.InferenceSession``.
 
     ``path_or_bytes``: the model; ``fuse``: fuse its attention first (default); ``threads``:
-    threads for the matmuls and the attention kernel (default: all cores). Extra keyword
+    threads for the matmuls and the attention kernel (default: all cores); ``max_memory``: the
+    most memory a run's inputs and intermediates may need at once, in bytes or as a size such as
+    ``"8G"`` or ``"512M"`` (default: 75% of the memory available); a run over it raises
+    ``AttnrtError`` naming the tensor and the size before it starts. Extra keyword
     arguments onnxruntime takes (``providers``, ``sess_options``) are accepted and ignored:
     attnrt runs on the CPU."""
 
@@ -136,9 +139,11 @@ class InferenceSession:
         *,
         fuse: bool = True,
         threads: Optional[int] = None,
+        max_memory: Union[int, str, None] = None,
         **_ignored: Any,
     ):
-        self._session = _Session(_source(path_or_bytes), fuse, threads)
+        budget = None if max_memory is None else str(max_memory)
+        self._session = _Session(_source(path_or_bytes), fuse, threads, budget)
         self._inputs = [NodeArg(*a) for a in self._session.inputs()]
         self._outputs = [NodeArg(*a) for a in self._session.outputs()]
         report = self._session.fusion_report()

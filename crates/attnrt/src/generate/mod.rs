@@ -6,7 +6,13 @@
 //! With a check, the original (unfused) graph runs in lockstep on its own session and its own
 //! cache; a step whose token differs, or whose logits differ beyond the tolerance, fails the
 //! check.
+//!
+//! Generation stops at the model's context ([`context`]): the prompt and the generated tokens
+//! together fill at most its positions, as Hugging Face's `max_length` counts them. A step that
+//! fails keeps the tokens made before it ([`GenerationFailed`]).
 
+pub mod context;
+pub mod sampling;
 mod signature;
 mod step;
 
@@ -19,8 +25,10 @@ use serde::Serialize;
 
 use crate::harness::{OutputDiff, Tolerance};
 
+pub use context::ContextLimit;
+pub use sampling::{Sampler, SamplingOptions};
 pub use signature::{CacheSlot, DecoderSignature};
-use step::{argmax_last, StepInputs};
+use step::{last_logits, StepInputs};
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -35,6 +43,25 @@ pub struct GenerationOptions {
     pub check: Option<Tolerance>,
     /// Where constant-weight `MatMul`s run.
     pub backend: Backend,
+    /// The most positions (prompt and generated tokens together) to use, in place of the
+    /// model's own context ([`Generator::context`]).
+    pub max_length: Option<usize>,
+    /// Greedy or sampled, and the logits processors.
+    pub sampling: SamplingOptions,
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// It made the tokens asked for.
+    MaxNewTokens,
+    /// It made the end-of-sequence token.
+    Eos,
+    /// The prompt and the tokens made fill the context ([`GenerationReport::context`]).
+    Context,
+    /// A step failed ([`GenerationReport::error`]).
+    Error,
 }
 
 /// The lockstep comparison of one step.
@@ -57,7 +84,7 @@ pub struct StepReport {
     pub fed: usize,
     /// Past length this step.
     pub past: usize,
-    /// The token chosen (greedy).
+    /// The token chosen.
     pub token: i64,
     /// Wall time of the model run, in milliseconds (the reference's not included).
     pub ms: f64,
@@ -87,12 +114,51 @@ pub struct GenerationReport {
     pub plans: PlanStats,
     /// With a check: whether every step agreed.
     pub check_ok: Option<bool>,
+    /// Why it ended.
+    pub stopped: StopReason,
+    /// The context it ran within, when known.
+    pub context: Option<ContextLimit>,
+    /// The error of the step that failed ([`StopReason::Error`]).
+    pub error: Option<String>,
 }
 
-/// A decoder ready to generate: its signature and a session (and a reference session for
-/// checks).
+/// A generation whose step failed, with what it made before (`report`, stopped by the error).
+#[derive(Debug)]
+pub struct GenerationFailed {
+    /// The tokens and steps made before the failing step.
+    pub report: GenerationReport,
+    /// The failing step's error.
+    pub error: anyhow::Error,
+}
+
+impl std::fmt::Display for GenerationFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "step {} failed after {} generated token(s)",
+            self.report.steps.len(),
+            self.report.tokens.len()
+        )
+    }
+}
+
+impl std::error::Error for GenerationFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.error.as_ref())
+    }
+}
+
+/// What chooses a step's token: the sampler and the tokens seen so far (prompt and generated).
+struct Chooser<'a> {
+    sampler: &'a mut Sampler,
+    seen: &'a [i64],
+}
+
+/// A decoder ready to generate: its signature, its context, and a session (and a reference
+/// session for checks).
 pub struct Generator {
     signature: DecoderSignature,
+    context: Option<ContextLimit>,
     session: Session,
     reference: Option<Session>,
 }
@@ -107,11 +173,28 @@ impl Generator {
         what: &str,
         backend: Backend,
     ) -> Result<Generator> {
-        let signature = DecoderSignature::detect(model, what)?;
         let options = SessionOptions {
             backend,
-            shapes: ShapePolicy::DynamicDims(signature.dynamic_dims()),
             ..SessionOptions::default()
+        };
+        Generator::with_options(model, reference, threads, what, &options)
+    }
+
+    /// [`Generator::new`] with these session options (backend, memory budget...); the shape
+    /// policy is the generator's own (the past length stays symbolic).
+    pub fn with_options(
+        model: &ModelProto,
+        reference: Option<&ModelProto>,
+        threads: &Threads,
+        what: &str,
+        options: &SessionOptions,
+    ) -> Result<Generator> {
+        let signature = DecoderSignature::detect(model, what)?;
+        let positions = signature.position_ids.as_ref().map(|(n, _)| n.as_str());
+        let context = context::position_table(model, positions);
+        let options = SessionOptions {
+            shapes: ShapePolicy::DynamicDims(signature.dynamic_dims()),
+            ..options.clone()
         };
         let session = Session::new(model, threads, what, &options)?;
         let reference = reference
@@ -119,6 +202,7 @@ impl Generator {
             .transpose()?;
         Ok(Generator {
             signature,
+            context,
             session,
             reference,
         })
@@ -129,12 +213,70 @@ impl Generator {
         &self.signature
     }
 
-    /// Generates greedily; `on_step` sees every step as it completes (for progress).
+    /// The model's context, when its graph shows one (a position table).
+    pub fn context(&self) -> Option<&ContextLimit> {
+        self.context.as_ref()
+    }
+
+    /// Generates (greedily or sampled, per `options.sampling`); `on_step` sees every step as it
+    /// completes (for progress). Stops at
+    /// the context (`options.max_length`, else the model's); a step that fails gives a
+    /// [`GenerationFailed`] error holding the tokens made before it.
     pub fn generate(
         &self,
         options: &GenerationOptions,
         mut on_step: impl FnMut(&StepReport),
     ) -> Result<GenerationReport> {
+        let context = self.check_prompt(options)?;
+        let fits = |made: usize| {
+            context
+                .as_ref()
+                .is_none_or(|c| options.prompt.len() + made < c.positions)
+        };
+        let mut sampler = Sampler::new(options.sampling.clone())?;
+        let mut ours = StepInputs::prefill(&self.signature, &options.prompt)?;
+        let mut theirs = self.reference.as_ref().map(|_| ours.clone());
+        let mut steps = Vec::new();
+        let mut tokens = Vec::new();
+        let mut stopped = StopReason::MaxNewTokens;
+        while tokens.len() < options.max_new_tokens {
+            if !fits(tokens.len()) {
+                stopped = StopReason::Context;
+                break;
+            }
+            let seen = [options.prompt.as_slice(), &tokens].concat();
+            let chooser = Chooser {
+                sampler: &mut sampler,
+                seen: &seen,
+            };
+            let step = match self.step(steps.len(), &mut ours, theirs.as_mut(), chooser, options) {
+                Ok(step) => step,
+                Err(error) => {
+                    let mut report =
+                        self.report(options, tokens, steps, StopReason::Error, context);
+                    report.error = Some(format!("{error:#}"));
+                    return Err(GenerationFailed { report, error }.into());
+                }
+            };
+            on_step(&step);
+            let token = step.token;
+            steps.push(step);
+            tokens.push(token);
+            if options.eos_token == Some(token) {
+                stopped = StopReason::Eos;
+                break;
+            }
+            ours.advance(token);
+            if let Some(t) = theirs.as_mut() {
+                t.advance(token);
+            }
+        }
+        Ok(self.report(options, tokens, steps, stopped, context))
+    }
+
+    /// Refuses a prompt that is empty, outside the vocabulary or longer than the context, and
+    /// returns the context the generation runs within.
+    fn check_prompt(&self, options: &GenerationOptions) -> Result<Option<ContextLimit>> {
         if options.prompt.is_empty() {
             bail!("the prompt is empty: give at least one token");
         }
@@ -143,25 +285,23 @@ impl Generator {
                 bail!("prompt token {bad} is outside the vocabulary [0, {v})");
             }
         }
-        let mut ours = StepInputs::prefill(&self.signature, &options.prompt)?;
-        let mut theirs = self.reference.as_ref().map(|_| ours.clone());
-        let mut steps = Vec::new();
-        let mut tokens = Vec::new();
-        while tokens.len() < options.max_new_tokens {
-            let step = self.step(steps.len(), &mut ours, theirs.as_mut(), options)?;
-            on_step(&step);
-            let token = step.token;
-            steps.push(step);
-            tokens.push(token);
-            if options.eos_token == Some(token) {
-                break;
-            }
-            ours.advance(token);
-            if let Some(t) = theirs.as_mut() {
-                t.advance(token);
-            }
+        let context = match options.max_length {
+            Some(positions) => Some(ContextLimit {
+                positions,
+                table: None,
+            }),
+            None => self.context.clone(),
+        };
+        if let Some(c) = context
+            .as_ref()
+            .filter(|c| options.prompt.len() > c.positions)
+        {
+            bail!(
+                "the prompt's {} tokens do not fit {c}",
+                options.prompt.len()
+            );
         }
-        Ok(self.report(options, tokens, steps))
+        Ok(context)
     }
 
     /// Runs one step on both sessions; the cache of each moves forward with its own presents.
@@ -170,6 +310,7 @@ impl Generator {
         index: usize,
         ours: &mut StepInputs,
         theirs: Option<&mut StepInputs>,
+        chooser: Chooser,
         options: &GenerationOptions,
     ) -> Result<StepReport> {
         let (fed, past) = (ours.fed(), ours.past());
@@ -179,12 +320,17 @@ impl Generator {
         let ms = started.elapsed().as_secs_f64() * 1e3;
         let planning_ms = self.session.plan_stats().build_ms - planned_before;
         let logits = ours.take_outputs(&self.signature, outputs)?;
-        let token = argmax_last(&logits)?;
+        // The reference draws with the same state of the stream, so both see the same `u`.
+        let mut twin = chooser.sampler.clone();
+        let token = chooser
+            .sampler
+            .next_token(&last_logits(&logits)?, chooser.seen)?;
         let check = match (theirs, &self.reference) {
             (Some(t), Some(reference)) => {
                 let outputs = reference.run_owned(t.take_tensors()?)?;
                 let reference_logits = t.take_outputs(&self.signature, outputs)?;
-                let reference_token = argmax_last(&reference_logits)?;
+                let reference_token =
+                    twin.next_token(&last_logits(&reference_logits)?, chooser.seen)?;
                 let tol = options.check.unwrap_or_default();
                 let diff = crate::harness::diff_tensor(
                     &self.signature.logits,
@@ -216,6 +362,8 @@ impl Generator {
         options: &GenerationOptions,
         tokens: Vec<i64>,
         steps: Vec<StepReport>,
+        stopped: StopReason,
+        context: Option<ContextLimit>,
     ) -> GenerationReport {
         let mut decode: Vec<f64> = steps
             .iter()
@@ -237,6 +385,9 @@ impl Generator {
                 .as_ref()
                 .map(|_| steps.iter().all(|s| s.check.as_ref().is_some_and(|c| c.ok))),
             steps,
+            stopped,
+            context,
+            error: None,
         }
     }
 }

@@ -148,23 +148,11 @@ impl StepInputs {
     }
 }
 
-/// The greedy choice: the index of the largest logit of the last position (the first on ties;
-/// NaN never wins).
-pub fn argmax_last(logits: &Tensor) -> Result<i64> {
+/// The logits of the last position (of the last batch row), as f32.
+pub fn last_logits(logits: &Tensor) -> Result<Vec<f32>> {
     let f = logits.cast_to::<f32>()?;
     let view = f.to_plain_array_view::<f32>()?;
     let vocab = *view.shape().last().context("logits have no axes")?;
     let data = view.as_slice().context("logits are not contiguous")?;
-    let last = &data[data.len().saturating_sub(vocab)..];
-    let (best, _) = last.iter().enumerate().filter(|(_, v)| !v.is_nan()).fold(
-        (None, f32::NEG_INFINITY),
-        |(bi, bv), (i, &v)| {
-            if bi.is_none() || v > bv {
-                (Some(i), v)
-            } else {
-                (bi, bv)
-            }
-        },
-    );
-    best.map(|b| b as i64).context("every logit is NaN")
+    Ok(data[data.len().saturating_sub(vocab)..].to_vec())
 }

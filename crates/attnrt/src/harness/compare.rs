@@ -12,7 +12,8 @@ use anyhow::{Context, Result};
 use attnrt_fusion::{FusionOptions, FusionReport};
 use attnrt_onnx::ModelProto;
 use attnrt_runtime::{
-    run_once, run_once_profiled, Backend, NamedTensor, OpCounts, Profile, RunResult, Threads,
+    run_once_with_options, Backend, MemoryBudget, NamedTensor, OpCounts, Profile, RunResult,
+    SessionOptions, ShapePolicy, Threads,
 };
 use serde::Serialize;
 
@@ -37,6 +38,8 @@ pub struct CompareOptions {
     pub backend: Backend,
     /// Time every node of each path's run ([`PathRun::profile`]).
     pub profile: bool,
+    /// The memory each path's run may need; a path over it is refused before it runs.
+    pub budget: MemoryBudget,
 }
 
 /// One path that ran (the fused or the unfused graph).
@@ -164,13 +167,14 @@ pub fn compare(
         Some(f) => (Some(f.report), None),
         None => (None, None),
     };
+    let session = SessionOptions {
+        backend: options.backend,
+        shapes: ShapePolicy::PerShape,
+        max_memory: options.budget.clone(),
+        ..SessionOptions::default()
+    };
     let run = |m: &ModelProto, what: String| -> Result<PathRun> {
-        let run = if options.profile {
-            run_once_profiled
-        } else {
-            run_once
-        };
-        Ok(run(m, inputs, threads, &what, options.backend)?.into())
+        Ok(run_once_with_options(m, inputs, threads, &what, &session, options.profile)?.into())
     };
     let fused_run = fused_model
         .as_ref()

@@ -2,14 +2,20 @@
 //! every symbolic dimension (`--dim`, a file's shape, or a default).
 //!
 //! Input files are checked before anything is allocated for them (see [`super::npy`]), so a
-//! wrong or hostile file gives one error naming the tensor and the file.
+//! wrong or hostile file gives one error naming the tensor and the file. Inputs are checked
+//! against the memory budget ([`InputOptions::budget`]) before they are built: files by their
+//! size before they are read, random inputs from their shapes alone.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use attnrt_onnx::ModelProto;
-use attnrt_runtime::{declared_inputs, DatumType, DeclaredDim, DeclaredInput, NamedTensor, Tensor};
+use attnrt_onnx::budget::tensor_bytes;
+use attnrt_onnx::{MemoryBudget, ModelProto};
+use attnrt_runtime::{
+    declared_inputs, dtype_name, f16, Datum, DatumType, DeclaredDim, DeclaredInput, NamedTensor,
+    Tensor,
+};
 use ndarray::ArrayD;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -19,7 +25,7 @@ use super::npy::{decode_npy, read_bounded, read_npz};
 
 /// Where input values come from, and how unknowns are filled. The default: seeded random
 /// values (seed 0) for every input, unbound dims at their defaults, attnrt's default element
-/// limit.
+/// limit and memory budget.
 #[derive(Debug, Clone)]
 pub struct InputOptions {
     /// `name=file.npy` pairs.
@@ -34,6 +40,8 @@ pub struct InputOptions {
     pub vocab: Option<u64>,
     /// Largest number of elements of one input tensor.
     pub max_elements: u64,
+    /// The memory the inputs may take together (one input file may not be larger either).
+    pub budget: MemoryBudget,
 }
 
 impl Default for InputOptions {
@@ -45,6 +53,7 @@ impl Default for InputOptions {
             dims: BTreeMap::new(),
             vocab: None,
             max_elements: attnrt_onnx::Limits::default().max_tensor_elements,
+            budget: MemoryBudget::machine_default(),
         }
     }
 }
@@ -98,6 +107,7 @@ pub fn prepare_inputs(model: &ModelProto, options: &InputOptions) -> Result<Prep
         });
     }
 
+    check_memory(&declared, &bindings, &from_files, &options.budget)?;
     let mut rng = ChaCha8Rng::seed_from_u64(options.seed);
     let mut tensors = Vec::new();
     let mut sources = Vec::new();
@@ -117,6 +127,51 @@ pub fn prepare_inputs(model: &ModelProto, options: &InputOptions) -> Result<Prep
         dims: bindings,
         sources,
     })
+}
+
+/// The shape of a declared input at the bound dims.
+fn bound_shape(decl: &DeclaredInput, bindings: &BTreeMap<String, DimBinding>) -> Vec<usize> {
+    decl.dims
+        .iter()
+        .map(|d| match d {
+            DeclaredDim::Fixed(v) => *v,
+            DeclaredDim::Symbol(s) => bindings[s].value,
+        })
+        .collect()
+}
+
+/// Refuses inputs over `budget` before any random one is made: each input on its own (its
+/// shape and element type), then all of them together.
+fn check_memory(
+    declared: &[DeclaredInput],
+    bindings: &BTreeMap<String, DimBinding>,
+    from_files: &HashMap<String, (Tensor, String)>,
+    budget: &MemoryBudget,
+) -> Result<()> {
+    let mut total = 0u64;
+    for decl in declared {
+        let shape = match from_files.get(&decl.name) {
+            Some((t, _)) => t.shape().to_vec(),
+            None => bound_shape(decl, bindings),
+        };
+        let bytes = tensor_bytes(shape.iter().map(|&d| d as u64), decl.dtype.size_of() as u64);
+        budget.check(bytes, || {
+            format!("input '{}' {shape:?} {}", decl.name, dtype_name(decl.dtype))
+        })?;
+        total = total.saturating_add(bytes);
+    }
+    budget.check(total, || {
+        let names: Vec<String> = declared.iter().map(|d| format!("'{}'", d.name)).collect();
+        format!("the sum of the inputs ({})", names.join(", "))
+    })
+}
+
+/// Refuses an input file larger than `budget` before reading it.
+fn check_file_size(path: &Path, budget: &MemoryBudget) -> Result<()> {
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("{}: cannot read the input file", path.display()))?
+        .len();
+    budget.check(len, || format!("input file {}", path.display()))
 }
 
 /// Every symbolic dimension name of the declared inputs, sorted, once each.
@@ -181,12 +236,14 @@ fn read_input_files(
             bail!("--input {name}: given twice");
         }
         let what = path.display().to_string();
+        check_file_size(path, &options.budget)?;
         let bytes = read_bounded(path, options.max_elements)?;
         let t = decode_npy(&bytes, decl.dtype, options.max_elements)
             .with_context(|| format!("{what}: input '{name}'"))?;
         from_files.insert(name.clone(), (t, what));
     }
     if let Some(npz) = &options.npz {
+        check_file_size(npz, &options.budget)?;
         read_npz_inputs(npz, declared, options.max_elements, &mut from_files)?;
     }
     let missing: Vec<&str> = known
@@ -287,14 +344,7 @@ fn random_input(
     options: &InputOptions,
     rng: &mut ChaCha8Rng,
 ) -> Result<(Tensor, String)> {
-    let shape: Vec<usize> = decl
-        .dims
-        .iter()
-        .map(|d| match d {
-            DeclaredDim::Fixed(v) => *v,
-            DeclaredDim::Symbol(s) => bindings[s].value,
-        })
-        .collect();
+    let shape = bound_shape(decl, bindings);
     let count = shape
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
@@ -323,6 +373,48 @@ fn is_mask_name(name: &str) -> bool {
     name.to_ascii_lowercase().contains("mask")
 }
 
+/// A tensor of `shape` (`count` elements) whose values `next` gives, one after the other.
+fn filled<T: Datum>(shape: &[usize], count: usize, next: impl FnMut() -> T) -> Result<Tensor> {
+    let data: Vec<T> = std::iter::repeat_with(next).take(count).collect();
+    Ok(Tensor::from(ArrayD::from_shape_vec(shape.to_vec(), data)?))
+}
+
+/// A float tensor of element type `dt` from `f32` values, made in that type (no staging copy
+/// the size of the input; the values are those of a cast).
+fn floats(
+    dt: DatumType,
+    shape: &[usize],
+    count: usize,
+    mut next: impl FnMut() -> f32,
+) -> Result<Tensor> {
+    Ok(match dt {
+        DatumType::F32 => filled(shape, count, next)?,
+        DatumType::F16 => filled(shape, count, || f16::from_f32(next()))?,
+        DatumType::F64 => filled(shape, count, || f64::from(next()))?,
+        other => filled(shape, count, next)?.cast_to_dt(other)?.into_owned(),
+    })
+}
+
+/// An integer tensor of element type `dt` from values that fit it, made in that type.
+fn ints(
+    dt: DatumType,
+    shape: &[usize],
+    count: usize,
+    mut next: impl FnMut() -> i64,
+) -> Result<Tensor> {
+    Ok(match dt {
+        DatumType::I64 => filled(shape, count, next)?,
+        DatumType::I32 => filled(shape, count, || next() as i32)?,
+        DatumType::I16 => filled(shape, count, || next() as i16)?,
+        DatumType::I8 => filled(shape, count, || next() as i8)?,
+        DatumType::U64 => filled(shape, count, || next() as u64)?,
+        DatumType::U32 => filled(shape, count, || next() as u32)?,
+        DatumType::U16 => filled(shape, count, || next() as u16)?,
+        DatumType::U8 => filled(shape, count, || next() as u8)?,
+        other => filled(shape, count, next)?.cast_to_dt(other)?.into_owned(),
+    })
+}
+
 fn random_tensor(
     model: &ModelProto,
     decl: &DeclaredInput,
@@ -334,34 +426,25 @@ fn random_tensor(
     let mask = is_mask_name(&decl.name);
     let dt = decl.dtype;
     if dt.is_float() {
-        let (data, how): (Vec<f32>, String) = if mask {
-            (vec![1.0; count], "ones (mask)".into())
+        return Ok(if mask {
+            (floats(dt, shape, count, || 1.0)?, "ones (mask)".into())
         } else {
-            (
-                (0..count).map(|_| rng.gen_range(-1.0f32..1.0)).collect(),
-                "random uniform [-1, 1)".into(),
-            )
-        };
-        let t = Tensor::from(ArrayD::from_shape_vec(shape.to_vec(), data)?);
-        return Ok((t.cast_to_dt(dt)?.into_owned(), how));
+            let t = floats(dt, shape, count, || rng.gen_range(-1.0f32..1.0))?;
+            (t, "random uniform [-1, 1)".into())
+        });
     }
     if dt == DatumType::Bool {
-        let (data, how): (Vec<bool>, String) = if mask {
-            (vec![true; count], "all true (mask)".into())
+        return Ok(if mask {
+            (filled(shape, count, || true)?, "all true (mask)".into())
         } else {
             (
-                (0..count).map(|_| rng.gen_bool(0.5)).collect(),
+                filled(shape, count, || rng.gen_bool(0.5))?,
                 "random bool".into(),
             )
-        };
-        return Ok((
-            Tensor::from(ArrayD::from_shape_vec(shape.to_vec(), data)?),
-            how,
-        ));
+        });
     }
     if mask {
-        let t = Tensor::from(ArrayD::from_shape_vec(shape.to_vec(), vec![1i64; count])?);
-        return Ok((t.cast_to_dt(dt)?.into_owned(), "ones (mask)".into()));
+        return Ok((ints(dt, shape, count, || 1)?, "ones (mask)".into()));
     }
     let (bound, why) = match vocab {
         Some(v) => (v, "--vocab".to_string()),
@@ -380,12 +463,8 @@ fn random_tensor(
         _ => i64::MAX as u64,
     };
     let bound = bound.clamp(1, type_max);
-    let data: Vec<i64> = (0..count).map(|_| rng.gen_range(0..bound) as i64).collect();
-    let t = Tensor::from(ArrayD::from_shape_vec(shape.to_vec(), data)?);
-    Ok((
-        t.cast_to_dt(dt)?.into_owned(),
-        format!("random integers in [0, {bound}) ({why})"),
-    ))
+    let t = ints(dt, shape, count, || rng.gen_range(0..bound) as i64)?;
+    Ok((t, format!("random integers in [0, {bound}) ({why})")))
 }
 
 /// The smallest row count of an embedding table (`Gather` whose data is an initializer or a

@@ -41,8 +41,10 @@ pub struct CausalProof {
     /// A sentence for the report: what was proven, and from what.
     pub how: String,
     /// Set when the triangle's fill is finite and another mask remains: a row whose every
-    /// visible key that other mask removes gave its weight to the future keys in the original.
-    pub caveat: Option<String>,
+    /// visible key that other mask removes spreads its weight over every key in the original
+    /// (all its scores are the same fill), over the visible keys only with `is_causal`. Such a
+    /// proof is not used: the layer is fused as it is.
+    pub inexact: Option<String>,
 }
 
 /// Whether `t` is provably all zeros (an additive "mask" that masks nothing, such as the ONNX
@@ -140,10 +142,11 @@ fn proof(i: usize, m: &MaskLayer, at: &str, proven: Proven, layers: usize) -> Ca
     let (tri, rest, fill) = proven;
     let node = m.node();
     let others = layers > 1 || rest != Rest::None;
-    let caveat = (fill.is_finite() && others).then(|| {
+    let inexact = (fill.is_finite() && others).then(|| {
         format!(
-            "is_causal replaces a finite fill ({}): rows whose every visible key the other mask \
-             removes differ (the original spreads them over all keys)",
+            "the triangle's fill is finite ({}) and another mask remains: a query row whose \
+             every visible key that mask removes (a left-padded row) spreads its weight over all \
+             keys in the original, over the visible ones only with is_causal",
             fill_str(fill)
         )
     });
@@ -176,7 +179,7 @@ fn proof(i: usize, m: &MaskLayer, at: &str, proven: Proven, layers: usize) -> Ca
     };
     CausalProof {
         layer: i,
-        caveat,
+        inexact,
         replacement,
         how: format!(
             "{at} masks key j > query i{} ({}){with}",
