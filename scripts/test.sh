@@ -38,4 +38,4 @@ ATTNRT_BIN="$PWD/target/debug/attnrt" "$ATTNRT_PYTHON" -m pytest -q tests/python
 # internal error, a panic or an unclean exit fails the suite; its reproducer is saved under
 # target/fuzz-findings/. First the fuzzer's own tests.
 "$ATTNRT_PYTHON" -m pytest -q tests/python/test_fuzz.py
-"$ATTNRT_PYTHON" scripts/fuzz.py --attnrt target/debug/attnrt --seed 1 --cases 600 --jobs 2
+"$ATTNRT_PYTHON" scripts/fuzz.py --attnrt target/debug/attnrt --seed 1 --cases 1500 --jobs 2
