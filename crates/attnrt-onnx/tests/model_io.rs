@@ -1,7 +1,11 @@
 //! Load → save → load is lossless on every shipped model, external data stays confined,
 //! and the structural validator and opset upgrade do what they say.
 
+mod common;
+
 use std::path::{Path, PathBuf};
+
+use common::{models_dir, shipped_models};
 
 use attnrt_onnx::proto::{
     tensor_proto::DataLocation, FunctionProto, GraphProto, ModelProto, NodeProto,
@@ -13,21 +17,6 @@ use attnrt_onnx::{
     ValidationError,
 };
 use prost::Message;
-
-fn models_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
-}
-
-fn shipped_models() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(models_dir())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
-        .collect();
-    v.sort();
-    assert!(v.len() >= 10, "expected the shipped models in models/");
-    v
-}
 
 #[test]
 fn every_shipped_model_round_trips_losslessly() {

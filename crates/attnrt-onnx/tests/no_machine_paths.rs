@@ -4,7 +4,9 @@
 //! test reads every doc string and metadata value of every model under `models/` (model,
 //! graph, node, attribute, tensor, value info, function) and fails on an absolute path.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::shipped_models;
 
 use attnrt_onnx::proto::{
     AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, StringStringEntryProto,
@@ -150,23 +152,11 @@ impl<'m> Texts<'m> {
     }
 }
 
-fn committed_models() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
-        .collect();
-    v.sort();
-    assert!(v.len() >= 10, "expected the shipped models in models/");
-    v
-}
-
 #[test]
 fn no_committed_model_names_a_directory() {
     let mut offenders = Vec::new();
     let mut values = 0;
-    for path in committed_models() {
+    for path in shipped_models() {
         let bytes = std::fs::read(&path).unwrap();
         let what = path.display().to_string();
         let model = decode_model(&bytes, &what, &Limits::default()).unwrap();

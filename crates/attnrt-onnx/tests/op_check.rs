@@ -5,7 +5,9 @@
 //! same kinds of models in Python and confirms ONNX Runtime refuses each and runs its valid
 //! neighbour.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{models_dir, shipped_models};
 
 use attnrt_onnx::attr::{make_float, make_int, make_ints, make_tensor};
 use attnrt_onnx::proto::{
@@ -979,10 +981,6 @@ fn a_subgraph_input_hides_the_outer_tensor_of_the_same_name() {
 // ---------------------------------------------------------------------------------------------
 // Through loading, and over the shipped models
 
-fn models_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
-}
-
 #[test]
 fn loading_refuses_an_invalid_model_naming_file_node_and_attribute() {
     let dir = tempfile::tempdir().unwrap();
@@ -1003,17 +1001,6 @@ fn loading_refuses_an_invalid_model_naming_file_node_and_attribute() {
         "{line}"
     );
     assert!(err.downcast_ref::<ValidationError>().is_some(), "{line}");
-}
-
-fn shipped_models() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(models_dir())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
-        .collect();
-    v.sort();
-    assert!(v.len() >= 10, "expected the shipped models in models/");
-    v
 }
 
 #[test]
