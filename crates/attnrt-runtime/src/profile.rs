@@ -3,7 +3,7 @@
 //!
 //! A node's op kind is the ONNX op type of the node it came from. tract names a node after the
 //! ONNX node (or, for an unnamed one, after its first output) and names what it derives from it
-//! `name.suffix` or `name-suffix`; [`OpKinds`] maps a planned node back by the longest such
+//! `name.suffix` or `name-suffix`; `OpKinds` maps a planned node back by the longest such
 //! prefix that names a node of the model (so a `Pow` that attnrt runs as multiplications still
 //! counts as `Pow`). A node tract made up with no ONNX origin keeps tract's op name. Graph
 //! inputs and constants are not listed: their time, and everything outside the nodes (input

@@ -149,7 +149,7 @@ impl Dim {
     }
 
     /// `self / other` when the division is exact: polynomial long division (in the order of
-    /// [`Monomial::order_key`]) that leaves no remainder.
+    /// `Monomial::order_key`) that leaves no remainder.
     pub fn div_exact(&self, other: &Dim) -> Option<Dim> {
         let lead = other.0.first()?;
         let mut rest = self.clone();

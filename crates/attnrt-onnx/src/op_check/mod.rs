@@ -4,7 +4,7 @@
 //! breaks them must be refused here, naming the node and the attribute or input: past this
 //! point tract may hang or allocate without bound on it.
 //!
-//! The rules use only what the file states (see [`facts`]): declared shapes, initializers and
+//! The rules use only what the file states (see `facts.rs`): declared shapes, initializers and
 //! `Constant` nodes. A rule whose operands are not stated is skipped; nothing is inferred.
 //! Subgraphs (If/Loop/Scan bodies) are checked with the same rules; bodies of model-local
 //! functions are not (their attributes may be references to the caller's).
