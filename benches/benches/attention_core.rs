@@ -25,7 +25,7 @@ use attnrt_benches::{
     measured_fma_peak_gflops, process_cpu_seconds, session, CoreLayout, Samples, Table,
     BERT_BASE_ATTENTION,
 };
-use attnrt_kernels::{attention, AttentionParams, Mask, View4, ViewMut4};
+use attnrt_kernels::{attention, AttentionParams, KernelSet, Mask, View4, ViewMut4};
 use attnrt_runtime::{Backend, NamedTensor, Tensor, Threads};
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
@@ -98,7 +98,7 @@ fn benches(c: &mut Criterion) {
         "attention core: B=1 H={} D={} layout {layout:?}; threads {thread_counts:?} (tract matmuls and attnrt's kernel pool, set by Threads::new); kernel ISA {}; {}",
         shape.heads,
         shape.head_dim,
-        attnrt_kernels::Isa::selected().map(|i| i.to_string()).unwrap_or_else(|e| e.to_string()),
+        KernelSet::resolve().map(|k| k.isa().to_string()).unwrap_or_else(|e| e.to_string()),
         machine_note()
     );
 
@@ -138,6 +138,7 @@ fn benches(c: &mut Criterion) {
                 let data: Vec<Vec<f32>> = (0..3).map(|i| seeded_values(SEED + i, n, 1.0)).collect();
                 let mut out = vec![0f32; n];
                 let params = AttentionParams::new(AttentionParams::default_scale(d));
+                let kernels = KernelSet::resolve().expect("kernel set");
                 let (q, k, v) = (
                     view(&data[0], layout, h, len, d),
                     view(&data[1], layout, h, len, d),
@@ -150,7 +151,7 @@ fn benches(c: &mut Criterion) {
                     }
                     .expect("out view");
                     threads
-                        .install(|| attention(&q, &k, &v, &Mask::None, &params, &mut o))
+                        .install(|| attention(&kernels, &q, &k, &v, &Mask::None, &params, &mut o))
                         .expect("kernel");
                 };
                 call(&mut out);

@@ -4,7 +4,8 @@
 //! * `bandwidth`: the machine's memory bandwidth in this run, with the same threads: a copy of
 //!   256 MB into another 256 MB buffer (bytes read + written per second) and a read-sum of
 //!   256 MB (bytes read per second); best of 5.
-//! * `kernel/<route>/P<p>`: `attnrt_kernels::attention_routed` alone on the present cache
+//! * `kernel/<route>/P<p>`: `attnrt_kernels::attention` alone on the present cache, with the
+//!   kernel set on that route,
 //!   (`P + 1` keys), route `decode` (the new path) and `flash` (the path before it). Bytes moved:
 //!   K and V read once; compared with the read bandwidth.
 //! * `op/<route>/P<p>`: the ONNX model of one `Attention` node (opset 23, `past_key`/`past_value`
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use attnrt_benches::graphs::{attention_decode_model, seeded_values, DecodeShape};
 use attnrt_benches::{env_list, machine_note, median, ort, random_input, session, Samples, Table};
-use attnrt_kernels::{attention_routed, AttentionParams, Isa, Mask, Route, View4, ViewMut4};
+use attnrt_kernels::{attention, AttentionParams, KernelSet, Mask, Route, View4, ViewMut4};
 use attnrt_onnx::{save_model, SaveOptions};
 use attnrt_runtime::{Backend, NamedTensor, Threads};
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -104,9 +105,10 @@ fn bench_kernel(c: &mut Criterion, threads: &Threads, past: usize) {
     let k = seeded_values(2, hkv * keys * d, 1.0);
     let v = seeded_values(3, hkv * keys * d, 1.0);
     let params = AttentionParams::new(AttentionParams::default_scale(d));
-    let isa = Isa::selected().expect("kernel ISA");
+    let kernels = KernelSet::resolve().expect("kernel set");
     let mut outs = Vec::new();
     for route in [Route::Decode, Route::Flash] {
+        let kernels = kernels.with_route(route);
         let name = format!("kernel/{}/P{past}", route.name());
         let mut out = vec![0.0f32; hq * d];
         let call = |out: &mut [f32]| {
@@ -115,9 +117,7 @@ fn bench_kernel(c: &mut Criterion, threads: &Threads, past: usize) {
             let vv = View4::contiguous(&v, [1, hkv, keys, d]).expect("v");
             let mut ov = ViewMut4::contiguous(out, [1, hq, 1, d]).expect("out");
             threads
-                .install(|| {
-                    attention_routed(isa, route, &qv, &kv, &vv, &Mask::None, &params, &mut ov)
-                })
+                .install(|| attention(&kernels, &qv, &kv, &vv, &Mask::None, &params, &mut ov))
                 .expect("kernel");
         };
         call(&mut out);
@@ -158,10 +158,11 @@ fn decode_inputs(past: usize) -> Vec<NamedTensor> {
 fn bench_op(c: &mut Criterion, threads: &Threads, past: usize) {
     let model = attention_decode_model(SHAPE).expect("decode model");
     let inputs = decode_inputs(past);
-    let s = session(&model, &inputs, threads, "decode step", Backend::Attnrt).expect("session");
     let mut ys = Vec::new();
     for route in [Route::Decode, Route::Flash] {
+        // A session takes the route when it is built.
         Route::set_current(route);
+        let s = session(&model, &inputs, threads, "decode step", Backend::Attnrt).expect("session");
         let name = format!("op/{}/P{past}", route.name());
         let first = s.run(&inputs).expect("first run");
         ys.push(first.into_iter().next().expect("y").tensor);
@@ -233,7 +234,10 @@ fn decode_step(c: &mut Criterion) {
     let threads = Threads::new(Some(t)).expect("threads");
     let with_ort = std::env::var("ATTNRT_BENCH_ORT").map_or(true, |v| v != "0");
     println!("{}", machine_note());
-    println!("threads: {t}, ISA: {}", Isa::selected().expect("ISA"));
+    println!(
+        "threads: {t}, ISA: {}",
+        KernelSet::resolve().expect("kernels").isa()
+    );
     let (copy_bw, read_bw) = bandwidth(&threads);
     println!("measured bandwidth ({t} threads): copy {copy_bw:.1} GB/s (read+write), read {read_bw:.1} GB/s");
     let model_path =

@@ -15,7 +15,9 @@
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
-use attnrt_kernels::{attention_with_isa, reference, AttentionParams, Isa, Mask, View4, ViewMut4};
+use attnrt_kernels::{
+    attention, reference, AttentionParams, Isa, KernelSet, Mask, View4, ViewMut4,
+};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 /// What is applied on top of the plain scaled dot product.
@@ -102,7 +104,8 @@ impl Problem {
         if use_reference {
             reference::attention(&q, &k, &v, &mask, &params, &mut out).unwrap();
         } else {
-            attention_with_isa(isa, &q, &k, &v, &mask, &params, &mut out).unwrap();
+            let kernels = KernelSet::for_isa(isa).unwrap();
+            attention(&kernels, &q, &k, &v, &mask, &params, &mut out).unwrap();
         }
     }
 }

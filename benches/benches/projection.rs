@@ -4,12 +4,15 @@
 //! BERT-base / GPT-2 small projections: tokens × k · W[k, n] for (k, n) ∈ {768×768, 768×3072,
 //! 3072×768} and tokens ∈ {128, 512}. Each case runs the op's task loop (blocks of up to 256
 //! tokens × one panel) the two ways in alternation, rounds paired; GFLOP/s (2·tokens·k·n per
-//! run) and the share of this core's FMA peak measured in the same run.
+//! run) and the share of this core's FMA peak measured in the same run. Skipped on a CPU without
+//! AVX-512.
 //!
-//! A second table runs the runtime's projection op itself (`project_packed`: tasks on a pool of
+//! A second table runs the projection op's kernel itself (`attnrt_kernels::projection::project`
+//! with this process's kernel set, as a session runs it: tasks on a pool of
 //! `ATTNRT_BENCH_THREADS` threads, default 2, bias added) with its weight hot (one weight, in the
 //! caches after the first call) and cold (cycled through ≥ 120 MB of weights, as a model's
-//! weights stream from memory), alternating, against the peak of that many cores.
+//! weights stream from memory), alternating, against the peak of that many cores (on any CPU: the
+//! kernels the set picks there, `gemm` without AVX-512).
 //!
 //! ```sh
 //! cargo bench -p attnrt-benches --bench projection
@@ -20,35 +23,36 @@ use std::time::Instant;
 
 use anyhow::Result;
 use attnrt_benches::{env_list, machine_note, measured_fma_peak_gflops, median, Table};
-use attnrt_kernels::panel::{panel_product, Onto, PanelProduct, PANEL};
-use attnrt_runtime::projection::{project_packed, PackedWeight};
+use attnrt_kernels::panel::{panel_product, Onto, PanelKernel, PanelProduct, PANEL};
+use attnrt_kernels::projection::{project, PackedWeight, Product};
+use attnrt_kernels::{Isa, KernelSet};
 use attnrt_testkit::seeded_values;
 
 /// Tokens per task, as the runtime's projection op cuts them.
 const TOKENS: usize = 256;
 
-/// y = x · W with the op's task loop, on attnrt's panel kernel or the `gemm` crate.
-fn run(panel_kernel: bool, x: &[f32], panels: &[f32], y: &mut [f32], m: usize, k: usize) {
+/// y = x · W with the op's task loop, on attnrt's panel kernel (`Some`) or the `gemm` crate.
+fn run(panel: Option<PanelKernel>, x: &[f32], panels: &[f32], y: &mut [f32], m: usize, k: usize) {
     let n = y.len() / m;
     for t0 in (0..m).step_by(TOKENS) {
         let tokens = TOKENS.min(m - t0);
         for c in 0..n.div_ceil(PANEL) {
             let c0 = c * PANEL;
             let width = PANEL.min(n - c0);
-            let panel = &panels[c * k * PANEL..(c + 1) * k * PANEL];
-            if panel_kernel {
+            let w = &panels[c * k * PANEL..(c + 1) * k * PANEL];
+            if let Some(kernel) = panel {
                 let p = PanelProduct {
                     x: &x[t0 * k..(t0 + tokens) * k],
                     x_stride: k,
                     tokens,
                     k,
-                    panel,
+                    panel: w,
                     width,
                     alpha: 1.0,
                     onto: Onto::Zero,
                     activation: None,
                 };
-                assert!(panel_product(&p, &mut y[t0 * n + c0..], n), "no AVX-512");
+                panel_product(kernel, &p, &mut y[t0 * n + c0..], n);
                 continue;
             }
             // SAFETY: the same block as above: y[t0.., c0..c0 + width] (row stride n) =
@@ -62,7 +66,7 @@ fn run(panel_kernel: bool, x: &[f32], panels: &[f32], y: &mut [f32], m: usize, k
                     n as isize,
                     1,
                     false,
-                    panel.as_ptr(),
+                    w.as_ptr(),
                     PANEL as isize,
                     1,
                     x.as_ptr().add(t0 * k),
@@ -81,15 +85,30 @@ fn run(panel_kernel: bool, x: &[f32], panels: &[f32], y: &mut [f32], m: usize, k
 }
 
 fn main() -> Result<()> {
-    if !std::arch::is_x86_feature_detected!("avx512f") {
-        println!("no AVX-512 on this CPU: the panel kernel does not run here");
-        return Ok(());
-    }
     let lens = env_list("ATTNRT_BENCH_LENS", &[128, 512])?;
     let rounds = env_list("ATTNRT_BENCH_ROUNDS", &[10])?[0];
     println!("{}", machine_note());
     let peak = measured_fma_peak_gflops();
-    println!("one core's FMA peak, measured: {peak:.1} GFLOP/s; 1 thread, {rounds} paired rounds");
+    let avx512_panel = KernelSet::for_isa(Isa::Avx512)
+        .ok()
+        .and_then(|set| set.projection().panel())
+        .map(|(kernel, _)| kernel);
+    match avx512_panel {
+        Some(panel) => {
+            println!(
+                "one core's FMA peak, measured: {peak:.1} GFLOP/s; 1 thread, {rounds} paired rounds"
+            );
+            println!("{}", panel_table(panel, &lens, rounds, peak).render());
+        }
+        None => println!("no AVX-512 on this CPU: the panel kernel's table is skipped"),
+    }
+    let threads = env_list("ATTNRT_BENCH_THREADS", &[2])?[0];
+    println!("{}", op_table(&lens, rounds, threads, peak)?.render());
+    Ok(())
+}
+
+/// The AVX-512 panel kernel against `gemm` on the op's task loop, one thread, paired rounds.
+fn panel_table(panel: PanelKernel, lens: &[usize], rounds: usize, peak: f64) -> Table {
     let mut table = Table::new(&[
         "tokens × k × n",
         "panel ms",
@@ -100,7 +119,7 @@ fn main() -> Result<()> {
         "gemm % peak",
         "max |Δ|",
     ]);
-    for &m in &lens {
+    for &m in lens {
         for (k, n) in [(768usize, 768usize), (768, 3072), (3072, 768)] {
             let x = seeded_values(m * k, 1);
             let panels = seeded_values(n.div_ceil(PANEL) * k * PANEL, 2);
@@ -115,7 +134,7 @@ fn main() -> Result<()> {
                 for panel_kernel in order {
                     let y = if panel_kernel { &mut y1 } else { &mut y2 };
                     let t = Instant::now();
-                    run(panel_kernel, &x, &panels, y, m, k);
+                    run(panel_kernel.then_some(panel), &x, &panels, y, m, k);
                     let ms = t.elapsed().as_secs_f64() * 1e3;
                     if r > 0 {
                         if panel_kernel {
@@ -145,10 +164,7 @@ fn main() -> Result<()> {
             ]);
         }
     }
-    println!("{}", table.render());
-    let threads = env_list("ATTNRT_BENCH_THREADS", &[2])?[0];
-    println!("{}", op_table(&lens, rounds, threads, peak)?.render());
-    Ok(())
+    table
 }
 
 /// The op's time per call with a hot and a cold weight, `threads` threads.
@@ -156,6 +172,7 @@ fn op_table(lens: &[usize], rounds: usize, threads: usize, peak: f64) -> Result<
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()?;
+    let kernels = KernelSet::resolve()?;
     let mut table = Table::new(&[
         "op: tokens × k × n",
         "hot ms",
@@ -188,7 +205,14 @@ fn op_table(lens: &[usize], rounds: usize, threads: usize, peak: f64) -> Result<
                             } else {
                                 &weights[0]
                             };
-                            project_packed(&x, w, &mut y, m, 1.0, Some(&bias));
+                            let product = Product {
+                                w,
+                                alpha: 1.0,
+                                bias: Some(&bias),
+                                activation: None,
+                            };
+                            let (kernel, policy) = (kernels.projection(), kernels.threads());
+                            project(kernel, policy, &x, &product, &mut y, m);
                         }
                         let ms = t.elapsed().as_secs_f64() * 1e3 / calls as f64;
                         if r > 0 {

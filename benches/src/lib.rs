@@ -301,23 +301,13 @@ fn busy_processes() -> Vec<String> {
 pub fn measured_fma_peak_gflops() -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
-        let run: Option<fn(u64) -> f32> = if is_x86_feature_detected!("avx512f") {
-            // SAFETY (inside): only called after the feature check above.
-            Some(|n| unsafe { fma_loop_avx512(n) })
-        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            Some(|n| unsafe { fma_loop_avx2(n) })
-        } else {
-            None
-        };
-        let (Some(run), lanes) = (
-            run,
-            if is_x86_feature_detected!("avx512f") {
-                16.0
-            } else {
-                8.0
-            },
-        ) else {
-            return 0.0;
+        use attnrt_kernels::Isa;
+        // The CPU's features as attnrt's kernels see them (`Isa` is the one place that probes).
+        let (run, lanes): (fn(u64) -> f32, f64) = match Isa::best_available() {
+            // SAFETY (inside): only called on a CPU with the features.
+            Isa::Avx512 => (|n| unsafe { fma_loop_avx512(n) }, 16.0),
+            Isa::Avx2 => (|n| unsafe { fma_loop_avx2(n) }, 8.0),
+            Isa::Scalar => return 0.0,
         };
         let iters = 4_000_000u64;
         let mut best = 0.0f64;

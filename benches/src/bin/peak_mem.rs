@@ -25,7 +25,7 @@ use attnrt_benches::{
     core_inputs, fuse_expecting, machine_note, random_input, session, CoreLayout, Table,
     BERT_BASE_ATTENTION,
 };
-use attnrt_kernels::{attention, scratch_bytes, AttentionParams, Isa, Mask, View4, ViewMut4};
+use attnrt_kernels::{attention, scratch_bytes, AttentionParams, KernelSet, Mask, View4, ViewMut4};
 use attnrt_runtime::{Backend, NamedTensor, Threads};
 
 #[global_allocator]
@@ -121,6 +121,7 @@ fn kernel_peak(len: usize, threads: usize) -> Result<usize> {
     let data: Vec<Vec<f32>> = (0..3).map(|i| seeded_values(i, n, 1.0)).collect();
     let mut out = vec![0f32; n];
     let params = AttentionParams::new(AttentionParams::default_scale(d));
+    let kernels = KernelSet::resolve()?;
     let mut worst = 0;
     for _ in 0..2 {
         let q = View4::from_bshd(&data[0], 1, len, h, d)?;
@@ -128,7 +129,7 @@ fn kernel_peak(len: usize, threads: usize) -> Result<usize> {
         let v = View4::from_bshd(&data[2], 1, len, h, d)?;
         let mut o = ViewMut4::from_bshd(&mut out, 1, len, h, d)?;
         let (r, grew) = alloc::measure(|| {
-            threads.install(|| attention(&q, &k, &v, &Mask::None, &params, &mut o))
+            threads.install(|| attention(&kernels, &q, &k, &v, &Mask::None, &params, &mut o))
         });
         r.context("kernel")?;
         worst = worst.max(grew);
@@ -143,11 +144,12 @@ fn main() -> Result<()> {
     let unfused = mha_layer_model(shape, 42)?;
     let fused = fuse_expecting(&unfused, 1, "the MHA layer")?;
     let op_only = attention_op_model(shape, CoreLayout::ThreeD)?;
-    let isa = Isa::selected()?;
+    let kernels = KernelSet::resolve()?;
+    let isa = kernels.isa();
     println!(
         "peak heap of one run, MHA layer d_model 768 / 12 heads / B=1, threads {} (tract + kernel pool); kernel ISA {isa}, declared scratch per task {} KB; {}",
         threads.count(),
-        scratch_bytes(isa, shape.head_dim, shape.head_dim) / 1024,
+        scratch_bytes(kernels.flash(), shape.head_dim, shape.head_dim) / 1024,
         machine_note()
     );
     let mut table = Table::new(&[

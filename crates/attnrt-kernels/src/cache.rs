@@ -1,16 +1,18 @@
-//! Attention that appends to a key/value cache in the same pass: `present = past ++ current`
-//! along the key axis, and the queries attend to `present`.
+//! The key/value cache of an attention call that appends to it: `present = past ++ current`
+//! along the key axis ([`CacheAppend`], served by [`crate::attention_appending`]), and the copy
+//! of a strided view's rows into a dense `present` ([`append_rows`]).
 //!
 //! A decode step with a long cache is bounded by memory traffic. Built in two passes (copy the
 //! past into `present`, then attend to `present`) the step reads the past, writes `present` and
-//! reads `present` again; here the decode path reads each past row once, uses it for every
+//! reads `present` again; the decode path instead reads each past row once, uses it for every
 //! query of its GQA group while it is in L1, and stores it into `present` from there. Calls the
 //! decode path does not serve (more than a few queries) copy first and run the flash kernel.
 
 use rayon::prelude::*;
 
-use crate::{decode, flash, AttentionParams, Isa, KernelError, Mask, Problem, Route};
-use crate::{View4, ViewMut4};
+use crate::error::KernelError;
+use crate::threads::ThreadPolicy;
+use crate::view::{effective_strides, View4};
 
 /// The cache of one call: the past keys and values (`[B, Hkv, P, D]` and `[B, Hkv, P, Dv]`,
 /// any strides) and the `present` buffers they are appended to, dense row-major
@@ -31,7 +33,7 @@ pub struct CacheAppend<'v, 'a> {
 
 impl CacheAppend<'_, '_> {
     /// Dims of `present_key` and `present_value`, checked against the past and the buffers.
-    fn present_dims(&self) -> Result<([usize; 4], [usize; 4]), KernelError> {
+    pub(crate) fn present_dims(&self) -> Result<([usize; 4], [usize; 4]), KernelError> {
         self.past_key.validate("past_key")?;
         self.past_value.validate("past_value")?;
         let [b, h, p, d] = self.past_key.dims;
@@ -65,75 +67,39 @@ impl CacheAppend<'_, '_> {
     }
 }
 
-/// [`crate::attention`] over `present = past ++ current`, building `present`'s past rows in the
-/// same pass (see [`CacheAppend`]). Q `[B, Hq, Lq, D]`, the mask broadcast to
-/// `[B, Hq, Lq, P + L]`, out `[B, Hq, Lq, Dv]`; on the ISA and route [`crate::attention`] takes.
-pub fn attention_appending(
-    q: &View4,
-    cache: CacheAppend,
-    mask: &Mask,
-    params: &AttentionParams,
-    out: &mut ViewMut4,
-) -> Result<(), KernelError> {
-    attention_appending_with_isa(Isa::selected()?, q, cache, mask, params, out)
-}
-
-/// [`attention_appending`] on an explicit ISA path (tests and benchmarks); fails with
-/// [`KernelError::IsaUnavailable`] if the CPU lacks it.
-pub fn attention_appending_with_isa(
-    isa: Isa,
-    q: &View4,
-    cache: CacheAppend,
-    mask: &Mask,
-    params: &AttentionParams,
-    out: &mut ViewMut4,
-) -> Result<(), KernelError> {
-    isa.ensure_available()?;
-    let (kd, vd) = cache.present_dims()?;
-    let problem = {
-        let k = View4::contiguous(&*cache.present_key, kd)?;
-        let v = View4::contiguous(&*cache.present_value, vd)?;
-        Problem::check(q, &k, Some(&v), mask, Some(out))?
-    };
-    let decode = match Route::current() {
-        Route::Auto => decode::suits(&problem),
-        Route::Flash => false,
-        Route::Decode => true,
-    };
-    if decode {
-        decode::run_appending(isa, &problem, q, cache, mask, params, out);
-        return Ok(());
-    }
-    append_rows(cache.past_key, cache.present_key, cache.total, 0);
-    append_rows(cache.past_value, cache.present_value, cache.total, 0);
-    let k = View4::contiguous(&*cache.present_key, kd)?;
-    let v = View4::contiguous(&*cache.present_value, vd)?;
-    flash::run(isa, &problem, q, &k, &v, mask, params, out);
-    Ok(())
-}
-
 /// Copies the strided view `v` (`[B, H, L, D]`) into the dense `[B, H, total, D]` buffer `out`
-/// at key positions `offset..offset + L`, one `(batch, head)` slice per task on the current
-/// pool. `out` must have `B·H·total·D` elements and `offset + L ≤ total`.
-pub fn append_rows(v: &View4, out: &mut [f32], total: usize, offset: usize) {
+/// at key positions `offset..offset + L`, one `(batch, head)` slice per task, on the current
+/// pool when `threads` spreads them. `out` must have `B·H·total·D` elements and
+/// `offset + L ≤ total`.
+pub fn append_rows(
+    threads: &ThreadPolicy,
+    v: &View4,
+    out: &mut [f32],
+    total: usize,
+    offset: usize,
+) {
     let [_, h_n, l_n, d_n] = v.dims;
     if total == 0 || d_n == 0 || l_n == 0 {
         return;
     }
     assert!(offset + l_n <= total, "rows {offset}+{l_n} past {total}");
-    out.par_chunks_mut(total * d_n)
-        .enumerate()
-        .for_each(|(bh, slice)| {
-            let (b, h) = (bh / h_n, bh % h_n);
-            let dst = &mut slice[offset * d_n..(offset + l_n) * d_n];
-            copy_head(v, b, h, dst);
-        });
+    let copy = |(bh, slice): (usize, &mut [f32])| {
+        let (b, h) = (bh / h_n, bh % h_n);
+        let dst = &mut slice[offset * d_n..(offset + l_n) * d_n];
+        copy_head(v, b, h, dst);
+    };
+    let slices = out.len() / (total * d_n);
+    if threads.spreads_tasks(slices) {
+        out.par_chunks_mut(total * d_n).enumerate().for_each(copy);
+    } else {
+        out.chunks_mut(total * d_n).enumerate().for_each(copy);
+    }
 }
 
 /// Rows `0..L` of `(b, h)` of `v` into `dst` (`L·D` dense elements).
 fn copy_head(v: &View4, b: usize, h: usize, dst: &mut [f32]) {
     let [_, _, l_n, d_n] = v.dims;
-    let st = crate::view::effective_strides(&v.dims, &v.strides);
+    let st = effective_strides(&v.dims, &v.strides);
     let src = |l: usize, d: usize| {
         (b as isize * st[0] + h as isize * st[1] + l as isize * st[2] + d as isize * st[3]) as usize
     };

@@ -1,8 +1,10 @@
-//! Run-time choice of the SIMD path.
+//! What this CPU can run: the SIMD paths ([`Isa`]), the environment override that forces one,
+//! and the CPU facts the kernel choices depend on ([`Cpu`]). The only module that probes the
+//! CPU; [`crate::KernelSet`] turns what it finds into each op's kernel.
 
 use std::sync::OnceLock;
 
-use crate::KernelError;
+use crate::error::KernelError;
 
 /// The instruction-set paths of the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,7 +51,7 @@ impl Isa {
         }
     }
 
-    /// Whether this CPU can run the path.
+    /// Whether this CPU can run the path (the CPU's feature flags, probed by `std` once).
     pub fn is_available(self) -> bool {
         match self {
             #[cfg(target_arch = "x86_64")]
@@ -89,7 +91,7 @@ impl Isa {
             .unwrap_or(Isa::Scalar)
     }
 
-    /// The path [`crate::attention`] uses: `ATTNRT_KERNEL_ISA` if set (an unknown value or a path
+    /// The path a [`crate::KernelSet`] is resolved for: `ATTNRT_KERNEL_ISA` if set (an unknown value or a path
     /// the CPU lacks is an error, not a silent fallback), else [`Isa::best_available`]. Read once
     /// per process.
     pub fn selected() -> Result<Isa, KernelError> {
@@ -110,8 +112,70 @@ impl Isa {
     }
 }
 
+/// The facts about this CPU that the kernel choices depend on, probed once per process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Cpu {
+    /// The fastest path it runs ([`Isa::best_available`]).
+    pub best: Isa,
+    /// The family of an AMD CPU (base plus extended), `None` elsewhere.
+    pub amd_family: Option<u32>,
+}
+
+impl Cpu {
+    /// This CPU.
+    pub(crate) fn probe() -> Cpu {
+        static CPU: OnceLock<Cpu> = OnceLock::new();
+        *CPU.get_or_init(|| Cpu {
+            best: Isa::best_available(),
+            amd_family: amd_family(),
+        })
+    }
+}
+
+/// The CPU family of an AMD CPU (the base family plus the extended one), `None` elsewhere.
+fn amd_family() -> Option<u32> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        // SAFETY: CPUID exists on every x86_64 CPU; leaves 0 and 1 always do.
+        #[allow(unused_unsafe)]
+        let (vendor, signature) = unsafe { (__cpuid(0), __cpuid(1).eax) };
+        let is_amd = vendor.ebx.to_le_bytes() == *b"Auth"
+            && vendor.edx.to_le_bytes() == *b"enti"
+            && vendor.ecx.to_le_bytes() == *b"cAMD";
+        is_amd.then_some(family(signature))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// The family in a CPUID leaf-1 signature: the base family, plus the extended one when the
+/// base is 0Fh.
+fn family(signature: u32) -> u32 {
+    let base = (signature >> 8) & 0xF;
+    let extended = if base == 0xF {
+        (signature >> 20) & 0xFF
+    } else {
+        0
+    };
+    base + extended
+}
+
 impl std::fmt::Display for Isa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn family_adds_the_extended_family_only_past_base_0f() {
+        assert_eq!(family(0x00B4_0F40), 0x1A, "a Zen 5 signature");
+        assert_eq!(family(0x00A1_0F11), 0x19, "a Zen 4 signature");
+        assert_eq!(family(0x0008_06F8), 0x6, "a Sapphire Rapids signature");
+        assert_eq!(family(0x0FF0_0600), 0x6, "extended bits ignored below 0Fh");
     }
 }

@@ -5,7 +5,32 @@
 //! Two passes over a row that stays in L1: the mean, then the variance of `x − mean` (not
 //! `E[x²] − mean²`, which cancels badly when the mean is large against the spread), then one
 //! pass that writes `y`. Sums are taken in 16 lanes, which the compiler vectorizes; the whole
-//! body is compiled once more with AVX-512 enabled and picked at run time.
+//! body is compiled once per [`Isa`] (AVX-512F, AVX2+FMA, the baseline target) and the
+//! [`NormKernel`] of a [`crate::KernelSet`] picks one. The builds give the same bits: the
+//! arithmetic is the same operations in the same order (no multiply-add is fused).
+
+use rayon::prelude::*;
+
+use crate::isa::Isa;
+use crate::threads::ThreadPolicy;
+
+/// The layer-normalization kernel of a [`crate::KernelSet`]: which build runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NormKernel {
+    isa: Isa,
+}
+
+impl NormKernel {
+    /// The build for `isa`, which this CPU must have (the resolver's promise).
+    pub(crate) fn new(isa: Isa) -> Self {
+        NormKernel { isa }
+    }
+
+    /// The build's ISA.
+    pub fn isa(self) -> Isa {
+        self.isa
+    }
+}
 
 /// One normalization: `rows` rows of `scale.len()` values.
 pub struct LayerNorm<'a> {
@@ -17,12 +42,37 @@ pub struct LayerNorm<'a> {
     pub epsilon: f32,
 }
 
-/// Normalizes every row of `x` into `y` (both `rows × scale.len()`, row-major).
+/// [`layer_norm_rows`] split by rows over the current rayon pool when `threads` spreads that
+/// many values.
+///
+/// # Panics
+/// As [`layer_norm_rows`].
+pub fn layer_norm(
+    kernel: NormKernel,
+    threads: &ThreadPolicy,
+    p: &LayerNorm,
+    x: &[f32],
+    y: &mut [f32],
+) {
+    let cols = p.scale.len();
+    if cols == 0 || !threads.spreads_values(x.len()) {
+        layer_norm_rows(kernel, p, x, y);
+        return;
+    }
+    assert_eq!(x.len(), y.len(), "x and y differ in length");
+    let per_task = threads.rows_per_task(x.len() / cols) * cols;
+    x.par_chunks(per_task)
+        .zip(y.par_chunks_mut(per_task))
+        .for_each(|(xs, ys)| layer_norm_rows(kernel, p, xs, ys));
+}
+
+/// Normalizes every row of `x` into `y` (both `rows × scale.len()`, row-major) on the calling
+/// thread.
 ///
 /// # Panics
 /// If `x` and `y` differ in length, the length is not a whole number of rows, or the bias is
 /// not as long as the scale.
-pub fn layer_norm_rows(p: &LayerNorm, x: &[f32], y: &mut [f32]) {
+pub fn layer_norm_rows(kernel: NormKernel, p: &LayerNorm, x: &[f32], y: &mut [f32]) {
     let cols = p.scale.len();
     assert_eq!(x.len(), y.len(), "x and y differ in length");
     assert!(
@@ -38,18 +88,27 @@ pub fn layer_norm_rows(p: &LayerNorm, x: &[f32], y: &mut [f32]) {
         0,
         "x is not a whole number of rows of {cols}"
     );
-    #[cfg(target_arch = "x86_64")]
-    if crate::Isa::Avx512.is_available() {
-        // SAFETY: AVX-512F is present.
-        unsafe { rows_avx512(p, x, y) };
-        return;
+    // SAFETY: a `NormKernel` is made only for an ISA this CPU has.
+    unsafe {
+        match kernel.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => rows_avx512(p, x, y),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => rows_avx2(p, x, y),
+            _ => rows(p, x, y),
+        }
     }
-    rows(p, x, y);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn rows_avx512(p: &LayerNorm, x: &[f32], y: &mut [f32]) {
+    rows(p, x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_avx2(p: &LayerNorm, x: &[f32], y: &mut [f32]) {
     rows(p, x, y)
 }
 
@@ -120,6 +179,11 @@ mod tests {
             .collect()
     }
 
+    /// The portable build, the reference of the others' bits.
+    fn portable() -> NormKernel {
+        NormKernel::new(Isa::Scalar)
+    }
+
     #[test]
     fn matches_a_naive_normalization_on_odd_widths_with_and_without_bias() {
         for (rows, cols) in [(1, 1), (3, 7), (5, 16), (4, 33), (2, 768), (3, 1000)] {
@@ -134,7 +198,7 @@ mod tests {
                     epsilon: 1e-5,
                 };
                 let mut y = vec![f32::NAN; x.len()];
-                layer_norm_rows(&p, &x, &mut y);
+                layer_norm_rows(portable(), &p, &x, &mut y);
                 let want = naive(&x, &scale, b, 1e-5);
                 for (i, (&g, &w)) in y.iter().zip(&want).enumerate() {
                     assert!(
@@ -157,9 +221,35 @@ mod tests {
             bias: Some(&bias),
             epsilon: 1e-5,
         };
-        layer_norm_rows(&p, &x, &mut y);
-        for (i, &v) in y.iter().enumerate() {
-            assert_eq!(v, bias[i % 20], "y[{i}]");
+        for isa in Isa::available() {
+            layer_norm_rows(NormKernel::new(isa), &p, &x, &mut y);
+            for (i, &v) in y.iter().enumerate() {
+                assert_eq!(v, bias[i % 20], "{isa}: y[{i}]");
+            }
+        }
+    }
+
+    #[test]
+    fn every_build_and_split_gives_the_portable_bits() {
+        let pool = crate::testing::pool(2);
+        let threads = ThreadPolicy::default();
+        // 64 rows of 768: enough values for the threaded split
+        for (rows, cols) in [(3, 37), (64, 768)] {
+            let x = ramp(rows * cols, 0.3);
+            let (scale, bias) = (ramp(cols, 0.7), ramp(cols, 1.1));
+            let p = LayerNorm {
+                scale: &scale,
+                bias: Some(&bias),
+                epsilon: 1e-6,
+            };
+            let mut want = vec![f32::NAN; x.len()];
+            layer_norm_rows(portable(), &p, &x, &mut want);
+            for isa in Isa::available() {
+                let mut y = vec![f32::NAN; x.len()];
+                pool.install(|| layer_norm(NormKernel::new(isa), &threads, &p, &x, &mut y));
+                let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{isa}, {rows}×{cols}: not the portable build's bits");
+            }
         }
     }
 }

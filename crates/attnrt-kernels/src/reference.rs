@@ -2,7 +2,9 @@
 //! from the ONNX `Attention` (opset 23, with errata) definition. Used by the tests as ground truth
 //! and by the runtime for `qk_matmul_output`.
 
-use crate::{AttentionParams, KernelError, Mask, Problem, View4, ViewMut4};
+use crate::error::KernelError;
+use crate::problem::{AttentionParams, Mask, Problem};
+use crate::view::{View4, ViewMut4};
 
 /// Where in the ONNX pipeline [`scores`] materializes `[B, Hq, Lq, Lk]`; the variants follow the
 /// spec text of `qk_matmul_output_mode`.

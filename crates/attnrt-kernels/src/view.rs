@@ -1,7 +1,7 @@
 //! Strided 4-D views over caller-owned buffers, validated on construction and again at the
 //! kernel boundary (the fields are public, so a view may be built without a constructor).
 
-use crate::KernelError;
+use crate::error::KernelError;
 
 /// Strided read-only view of a 4-D tensor, dims = `[batch, heads, seq, head_dim]`, strides in
 /// elements. A stride may be 0 to broadcast an axis. Strides must not be negative (a view has no

@@ -2,7 +2,7 @@
 //! over that concatenation, on every ISA, on the decode path and the flash fallback.
 
 use attnrt_kernels::{
-    attention_appending_with_isa, reference, AttentionParams, CacheAppend, Isa, Mask, View4,
+    attention_appending, reference, AttentionParams, CacheAppend, Isa, KernelSet, Mask, View4,
     ViewMut4,
 };
 
@@ -167,7 +167,8 @@ fn check(c: Case) {
             total,
         };
         let mut out = ViewMut4::contiguous(&mut got, out_dims).unwrap();
-        attention_appending_with_isa(isa, &q, cache, &mask, &params, &mut out).unwrap();
+        let kernels = KernelSet::for_isa(isa).unwrap();
+        attention_appending(&kernels, &q, cache, &mask, &params, &mut out).unwrap();
         assert_eq!(present_k, want_k, "{isa}: present_key, {what}");
         assert_eq!(present_v, want_v, "{isa}: present_value, {what}");
         let err = max_abs(&got, &want);
@@ -253,8 +254,8 @@ fn present_of_the_wrong_size_is_an_error() {
         total: 5,
     };
     let mut out = ViewMut4::contiguous(&mut y, [c.batch, c.q_heads, 1, c.d]).unwrap();
-    let err = attention_appending_with_isa(
-        Isa::Scalar,
+    let err = attention_appending(
+        &KernelSet::for_isa(Isa::Scalar).unwrap(),
         &q,
         cache,
         &Mask::None,

@@ -1,9 +1,14 @@
 //! Hand-written cases: fully-masked rows, empty dimensions, shape errors, ISA selection.
 
 use attnrt_kernels::{
-    attention, attention_with_isa, reference, scratch_bytes, AttentionParams, Isa, KernelError,
-    Mask, View4, ViewMut4,
+    attention, reference, scratch_bytes, AttentionParams, Isa, KernelError, KernelSet, Mask, View4,
+    ViewMut4,
 };
+
+/// The kernels of this process (the best ISA, unless `ATTNRT_KERNEL_ISA` says otherwise).
+fn kernels() -> KernelSet {
+    KernelSet::resolve().unwrap()
+}
 
 fn ramp(n: usize, c: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32) * 0.61 + c).sin()).collect()
@@ -33,8 +38,8 @@ fn run_all(dims: [usize; 6], mask: &Mask, params: &AttentionParams) -> Vec<(Stri
     results.push(("reference".to_string(), want));
     for isa in Isa::available() {
         let mut got = vec![f32::NAN; n];
-        attention_with_isa(
-            isa,
+        attention(
+            &KernelSet::for_isa(isa).unwrap(),
             &q,
             &k,
             &v,
@@ -252,7 +257,8 @@ fn shape_error(
     };
     let mut obuf = vec![0.0f32; out.iter().product()];
     let mut ov = ViewMut4::contiguous(&mut obuf, out).unwrap();
-    let err = attention(&qv, &kv, &vv, &mask, &AttentionParams::new(1.0), &mut ov).unwrap_err();
+    let params = AttentionParams::new(1.0);
+    let err = attention(&kernels(), &qv, &kv, &vv, &mask, &params, &mut ov).unwrap_err();
     let r = reference::attention(&qv, &kv, &vv, &mask, &AttentionParams::new(1.0), &mut ov)
         .unwrap_err();
     assert_eq!(err.to_string(), r.to_string());
@@ -302,6 +308,7 @@ fn views_built_by_hand_are_validated_at_the_boundary() {
     let mut obuf = vec![0.0f32; 16];
     let mut out = ViewMut4::contiguous(&mut obuf, [1, 1, 4, 4]).unwrap();
     let err = attention(
+        &kernels(),
         &short,
         &ok,
         &ok,
@@ -322,6 +329,7 @@ fn views_built_by_hand_are_validated_at_the_boundary() {
         strides: [0, 0, 0, 1],
     };
     let err = attention(
+        &kernels(),
         &ok,
         &ok,
         &ok,
@@ -345,21 +353,12 @@ fn isa_names_and_availability() {
     assert!(Isa::Scalar.is_available());
     assert_eq!(Isa::available()[0], Isa::best_available());
     for isa in Isa::ALL {
-        if !isa.is_available() {
-            let buf = vec![0.0f32; 4];
-            let v = View4::contiguous(&buf, [1, 1, 1, 4]).unwrap();
-            let mut o = vec![0.0f32; 4];
-            let err = attention_with_isa(
-                isa,
-                &v,
-                &v,
-                &v,
-                &Mask::None,
-                &AttentionParams::new(1.0),
-                &mut ViewMut4::contiguous(&mut o, [1, 1, 1, 4]).unwrap(),
-            )
-            .unwrap_err();
-            assert!(matches!(err, KernelError::IsaUnavailable { .. }));
+        match KernelSet::for_isa(isa) {
+            Ok(set) => assert!(isa.is_available() && set.isa() == isa),
+            Err(err) => assert!(
+                !isa.is_available() && matches!(err, KernelError::IsaUnavailable { .. }),
+                "{isa}: {err}"
+            ),
         }
     }
 }
@@ -367,8 +366,8 @@ fn isa_names_and_availability() {
 #[test]
 fn scratch_is_independent_of_sequence_length() {
     // One per pool thread, whatever L; the budget is "well under 100 MB" at L = 8192.
-    for isa in Isa::ALL {
-        let bytes = scratch_bytes(isa, 128, 128);
+    for isa in Isa::available() {
+        let bytes = scratch_bytes(KernelSet::for_isa(isa).unwrap().flash(), 128, 128);
         assert!(bytes < 1024 * 1024, "{isa}: {bytes} bytes");
     }
 }
@@ -509,8 +508,8 @@ fn strided_head_dimension_matches_the_reference() {
     .unwrap();
     for isa in Isa::available() {
         let mut got = vec![0.0f32; b * h * lq * d * 2];
-        attention_with_isa(
-            isa,
+        attention(
+            &KernelSet::for_isa(isa).unwrap(),
             &q,
             &k,
             &v,

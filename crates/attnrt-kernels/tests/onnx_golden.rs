@@ -11,7 +11,7 @@
 #![allow(clippy::excessive_precision)] // golden values printed by numpy at f64 precision
 
 use attnrt_kernels::reference::{self, ScoreStage};
-use attnrt_kernels::{attention_with_isa, AttentionParams, Isa, Mask, View4, ViewMut4};
+use attnrt_kernels::{attention, AttentionParams, Isa, KernelSet, Mask, View4, ViewMut4};
 
 fn t(len: usize, c: f64) -> Vec<f32> {
     (0..len)
@@ -79,8 +79,8 @@ fn check(
     close(&y, want_y, "reference Y");
     for isa in Isa::available() {
         let mut y = vec![f32::NAN; 18];
-        attention_with_isa(
-            isa,
+        attention(
+            &KernelSet::for_isa(isa).unwrap(),
             &q,
             &k,
             &v,

@@ -5,12 +5,16 @@
 //!
 //! The values are tract's: each chunk runs the formula of tract's f32 `Gelu` on tract-linalg's
 //! kernels (exact: `x/2 · (1 + erf(x/√2))` with its `erf`; `tanh`: its `gelu` kernel), so the
-//! result is the same whatever the split. Non-f32 inputs run as tract's op.
+//! result is the same whatever the split. Non-f32 inputs run as tract's op. Where
+//! `ATTNRT_KERNEL_ISA` lowers the session's ISA below the CPU's best, tract-linalg (which picks
+//! the CPU's best itself) would not follow: the chunks run on attnrt's activation kernel of that
+//! ISA instead (`KernelSet::standalone_act`).
 //!
 //! A `Gelu` whose input is a projection's output and nothing else's folds into that projection
 //! ([`ProjectionOp::with_activation`]): its kernel applies the GELU as it stores each value.
 
-use attnrt_kernels::act::Activation;
+use attnrt_kernels::act::{apply_rows, Activation};
+use attnrt_kernels::{KernelSet, StandaloneAct};
 use tract_linalg::routines::Func;
 use tract_onnx::model::{OnnxOpRegister, ParsingContext};
 use tract_onnx::pb::NodeProto;
@@ -97,6 +101,7 @@ impl Expansion for GeluSplit {
             let op = GeluOp {
                 node: self.node.clone(),
                 tanh: self.tanh,
+                kernels: crate::kernels::for_op()?,
             };
             return model.wire_node(prefix, op, inputs);
         }
@@ -117,6 +122,31 @@ pub struct GeluOp {
     pub node: String,
     /// The tanh approximation (`approximate = "tanh"`) instead of the erf form.
     pub tanh: bool,
+    /// The session's kernels.
+    pub kernels: KernelSet,
+}
+
+impl GeluOp {
+    /// The activation this op applies.
+    fn activation(&self) -> Activation {
+        if self.tanh {
+            Activation::GeluTanh
+        } else {
+            Activation::GeluErf
+        }
+    }
+
+    /// The GELU in place over one chunk, on the kernels [`KernelSet::standalone_act`] says.
+    fn chunk(&self, c: &mut [f32]) -> TractResult<()> {
+        match self.kernels.standalone_act() {
+            StandaloneAct::Caller if self.tanh => Func::Gelu.ew_f32()?.run(c),
+            StandaloneAct::Caller => gelu_erf(c),
+            StandaloneAct::Kernel(act) => {
+                apply_rows(act, self.activation(), c, c.len(), 1, c.len());
+                Ok(())
+            }
+        }
+    }
 }
 
 impl Op for GeluOp {
@@ -132,9 +162,6 @@ impl Op for GeluOp {
     op_as_typed_op!();
 }
 
-/// Values per task; below two of them a `Gelu` runs on the calling thread alone.
-const CHUNK: usize = 16 * 1024;
-
 /// Values per call of tract-linalg's `erf` (its `GeluExact` works in chunks of the same size).
 const ERF_SCRATCH: usize = 1024;
 
@@ -146,18 +173,13 @@ impl EvalOp for GeluOp {
         {
             let ys =
                 f32_data_mut(&mut y).with_context(|| format!("Gelu node '{}': X", self.node))?;
-            let chunk = |c: &mut [f32]| {
-                if self.tanh {
-                    Func::Gelu.ew_f32()?.run(c)
-                } else {
-                    gelu_erf(c)
-                }
-            };
-            if rayon::current_num_threads() > 1 && ys.len() >= 2 * CHUNK {
+            let threads = self.kernels.threads();
+            if threads.spreads_values(ys.len()) {
                 use rayon::prelude::*;
-                ys.par_chunks_mut(CHUNK).try_for_each(chunk)?;
+                ys.par_chunks_mut(threads.elementwise_chunk())
+                    .try_for_each(|c| self.chunk(c))?;
             } else {
-                chunk(ys)?;
+                self.chunk(ys)?;
             }
         }
         Ok(tvec!(y.into_tvalue()))
@@ -201,13 +223,8 @@ impl TypedOp for GeluOp {
         let Some((producer, reshapes)) = projection_before(model, node.inputs[0])? else {
             return Ok(None);
         };
-        let activation = if self.tanh {
-            Activation::GeluTanh
-        } else {
-            Activation::GeluErf
-        };
         let projection = producer.op_as::<ProjectionOp>();
-        let Some(fused) = projection.and_then(|p| p.with_activation(activation)) else {
+        let Some(fused) = projection.and_then(|p| p.with_activation(self.activation())) else {
             return Ok(None);
         };
         let mut patch = TypedModelPatch::default();

@@ -11,7 +11,8 @@
 //! Anything else runs as tract's expansion. The result equals tract's up to the order of the
 //! sums (same formula: the mean, the mean of the squared deviations, `1/√(var + ε)`).
 
-use attnrt_kernels::norm::{layer_norm_rows, LayerNorm};
+use attnrt_kernels::norm::{layer_norm, LayerNorm};
+use attnrt_kernels::KernelSet;
 use tract_onnx::model::{OnnxOpRegister, ParsingContext};
 use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
@@ -136,6 +137,7 @@ impl LayerNormRows {
             node: self.node.clone(),
             epsilon: self.epsilon,
             cols: normalized.iter().product(),
+            kernels: crate::kernels::for_op()?,
         }))
     }
 }
@@ -161,6 +163,8 @@ pub struct LayerNormOp {
     pub epsilon: f32,
     /// Values per normalized row.
     pub cols: usize,
+    /// The session's kernels.
+    pub kernels: KernelSet,
 }
 
 impl PartialEq for LayerNormOp {
@@ -168,6 +172,7 @@ impl PartialEq for LayerNormOp {
         self.node == other.node
             && self.epsilon.to_bits() == other.epsilon.to_bits()
             && self.cols == other.cols
+            && self.kernels == other.kernels
     }
 }
 
@@ -187,10 +192,6 @@ impl Op for LayerNormOp {
 
     op_as_typed_op!();
 }
-
-/// Values below which a normalization runs on the calling thread alone (a decode step's few
-/// rows cost less than waking a pool thread).
-const PARALLEL_MIN_VALUES: usize = 1 << 15;
 
 impl EvalOp for LayerNormOp {
     op_out_of_plan!();
@@ -223,27 +224,18 @@ impl EvalOp for LayerNormOp {
             bias,
             epsilon: self.epsilon,
         };
-        // Every element is written by `layer_norm_rows`.
+        // Every element is written by `layer_norm`.
         let mut y = unsafe { Tensor::uninitialized::<f32>(inputs[0].shape())? };
-        normalize(&norm, x, f32_data_mut(&mut y)?);
+        let kernels = &self.kernels;
+        layer_norm(
+            kernels.norm(),
+            kernels.threads(),
+            &norm,
+            x,
+            f32_data_mut(&mut y)?,
+        );
         Ok(tvec!(y.into_tvalue()))
     }
-}
-
-/// [`layer_norm_rows`] split by rows over the current rayon pool when there is enough work.
-fn normalize(norm: &LayerNorm, x: &[f32], y: &mut [f32]) {
-    let cols = norm.scale.len();
-    let threads = rayon::current_num_threads();
-    if threads < 2 || x.len() < PARALLEL_MIN_VALUES {
-        layer_norm_rows(norm, x, y);
-        return;
-    }
-    use rayon::prelude::*;
-    let rows = x.len() / cols;
-    let per_task = rows.div_ceil(threads * 4).max(1) * cols;
-    x.par_chunks(per_task)
-        .zip(y.par_chunks_mut(per_task))
-        .for_each(|(xs, ys)| layer_norm_rows(norm, xs, ys));
 }
 
 impl TypedOp for LayerNormOp {

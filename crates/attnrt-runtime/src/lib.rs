@@ -5,7 +5,8 @@
 //!   thread pool shared by tract's matmuls and attnrt's kernel ([`Threads`]).
 //! - [`attention`]: attnrt's parser for the ONNX `Attention` op (opsets 23 and 24), replacing
 //!   tract's, so every `Attention` node runs on `attnrt_kernels`.
-//! - [`projection`]: `MatMul` by a constant weight (the projections) on the `gemm` crate.
+//! - [`projection`]: `MatMul` by a constant weight (the projections) on attnrt's projection
+//!   kernels.
 //! - [`layer_norm`]: `LayerNormalization` as one op over rows.
 //! - [`gelu`]: `Gelu` split over the session's threads.
 //! - [`tensor`]: named tensors, and the inputs a model declares.
@@ -23,6 +24,7 @@
 
 pub mod attention;
 pub mod gelu;
+mod kernels;
 pub mod layer_norm;
 mod lower;
 pub mod memory;
@@ -68,11 +70,11 @@ pub struct RunResult {
     pub profile: Option<Profile>,
 }
 
-/// The name of the kernel path attention runs on in this process (`ATTNRT_KERNEL_ISA`, else the
-/// best the CPU has), or `None` when that choice is unusable (then attention nodes fail with the
-/// reason).
+/// The name of the ISA attnrt's kernels run on in sessions of this process (`ATTNRT_KERNEL_ISA`,
+/// else the best the CPU has), or `None` when that choice is unusable (then a session fails to
+/// build, with the reason).
 pub fn kernel_isa() -> Option<String> {
-    attnrt_kernels::Isa::selected().ok().map(|i| i.to_string())
+    kernels::of_process().map(|k| k.isa().to_string())
 }
 
 /// Builds a session for `model` (constant-weight matmuls on `backend`) and runs it once on

@@ -1,5 +1,6 @@
 //! `MatMul` by a constant weight matrix (the Q/K/V/output and feed-forward projections of every
-//! transformer export) on attnrt's panel kernel or the `gemm` crate instead of tract's matmul,
+//! transformer export) on attnrt's projection kernels (its panel kernel or the `gemm` crate)
+//! instead of tract's matmul,
 //! with the bias `Add` after it and a `Gelu` after that folded in (the kernel adds the bias in
 //! its first stores and applies the GELU in its last).
 //!
@@ -24,10 +25,15 @@
 //! so results differ from tract's by rounding only (the fused-vs-unfused diff of `attnrt run`
 //! compares two graphs that both use it).
 //!
+//! The kernel work (packing, tiling into tasks, the panel kernel or `gemm` per task) is
+//! `attnrt_kernels::projection`, on the session's `KernelSet`; this module is the tract op
+//! around it and the folds of a bias `Add` into it.
+//!
 //! [`Backend::Tract`] keeps tract's matmul everywhere: the peer baseline of the benches.
 
-use attnrt_kernels::act::{apply_rows, apply_rows_raw, Activation};
-use attnrt_kernels::panel::{panel_product_raw, Onto, PanelProduct};
+use attnrt_kernels::act::Activation;
+use attnrt_kernels::projection::{project, PackedWeight, Product};
+use attnrt_kernels::KernelSet;
 use tract_onnx::model::OnnxOpRegister;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
@@ -116,7 +122,7 @@ impl Expansion for ProjectionMatMul {
         if inputs.len() == 2 {
             let a = model.outlet_fact(inputs[0])?;
             let b = model.outlet_fact(inputs[1])?;
-            if let Some(op) = ProjectionOp::for_facts(&self.node, a, b, false) {
+            if let Some(op) = ProjectionOp::for_facts(&self.node, a, b, false)? {
                 return model.wire_node(prefix, op, &inputs[..1]);
             }
         }
@@ -247,26 +253,41 @@ pub struct ProjectionOp {
     /// Applied to the output after the bias, as it is stored: the activation that followed the
     /// projection in the graph, folded in by [`ProjectionOp::with_activation`].
     pub activation: Option<Activation>,
+    /// The session's kernels.
+    pub kernels: KernelSet,
 }
 
 impl ProjectionOp {
     /// The op for a `MatMul` with input facts `a` and `b` (`b` transposed when `trans_b`), or
     /// `None` when the node is not a projection attnrt runs (the caller wires tract's matmul).
-    fn for_facts(node: &str, a: &TypedFact, b: &TypedFact, trans_b: bool) -> Option<ProjectionOp> {
-        let w = b.konst.as_ref()?;
+    fn for_facts(
+        node: &str,
+        a: &TypedFact,
+        b: &TypedFact,
+        trans_b: bool,
+    ) -> TractResult<Option<ProjectionOp>> {
+        let Some(w) = b.konst.as_ref() else {
+            return Ok(None);
+        };
         if a.datum_type != DatumType::F32
             || w.datum_type() != DatumType::F32
             || w.rank() != 2
             || a.rank() < 2
             || !w.is_plain_ram()
         {
-            return None;
+            return Ok(None);
         }
         let k = w.shape()[usize::from(trans_b)];
         if a.shape.last().and_then(|d| d.to_usize().ok()) != Some(k) {
-            return None;
+            return Ok(None);
         }
-        let ws = w.try_as_plain_ram().ok()?.as_slice::<f32>().ok()?;
+        let Some(ws) = w
+            .try_as_plain_ram()
+            .ok()
+            .and_then(|w| w.as_slice::<f32>().ok())
+        else {
+            return Ok(None);
+        };
         let (rows, cols) = (w.shape()[0], w.shape()[1]);
         let weight = if trans_b {
             // `w` is `[N, K]`: element (k, j) of the product's weight is `w[j][k]`.
@@ -274,13 +295,14 @@ impl ProjectionOp {
         } else {
             PackedWeight::from_strided(ws, rows, cols, cols, 1)
         };
-        Some(ProjectionOp {
+        Ok(Some(ProjectionOp {
             node: node.to_string(),
             weight: Arc::new(weight),
             alpha: 1.0,
             bias: None,
             activation: None,
-        })
+            kernels: crate::kernels::for_op()?,
+        }))
     }
 
     /// The op for a `Gemm` without `transA`, or `None` (tract's path). `c` is the fact of `C`
@@ -309,7 +331,7 @@ impl ProjectionOp {
                 Some(row.iter().map(|&v| g.beta * v).collect::<Vec<f32>>())
             }
         };
-        let Some(mut op) = Self::for_facts(&g.node, a, b, g.trans_b) else {
+        let Some(mut op) = Self::for_facts(&g.node, a, b, g.trans_b)? else {
             return Ok(None);
         };
         op.alpha = g.alpha;
@@ -319,9 +341,10 @@ impl ProjectionOp {
 
     /// This projection followed by `activation`, applied by the kernel to each value as it
     /// stores it instead of by a pass of its own over the output (`attnrt_kernels::act`).
-    /// `None` when the op already applies one, or without AVX-512 (the epilogue's only build).
+    /// `None` when the op already applies one, or its kernels take no activation
+    /// (`ProjectionKernel::epilogue`).
     pub fn with_activation(&self, activation: Activation) -> Option<ProjectionOp> {
-        let possible = self.activation.is_none() && attnrt_kernels::Isa::Avx512.is_available();
+        let possible = self.activation.is_none() && self.kernels.projection().epilogue();
         possible.then(|| ProjectionOp {
             activation: Some(activation),
             ..self.clone()
@@ -329,11 +352,11 @@ impl ProjectionOp {
     }
 
     fn k(&self) -> usize {
-        self.weight.k
+        self.weight.k()
     }
 
     fn n(&self) -> usize {
-        self.weight.n
+        self.weight.n()
     }
 }
 
@@ -346,6 +369,7 @@ impl PartialEq for ProjectionOp {
             && self.alpha.to_bits() == other.alpha.to_bits()
             && self.bias == other.bias
             && self.activation == other.activation
+            && self.kernels == other.kernels
     }
 }
 
@@ -412,7 +436,8 @@ impl EvalOp for ProjectionOp {
             bias,
             activation: self.activation,
         };
-        project_on(xs, &product, ys, m, panel_kernel_tokens());
+        let kernels = &self.kernels;
+        project(kernels.projection(), kernels.threads(), xs, &product, ys, m);
         Ok(tvec!(y.into_tvalue()))
     }
 }
@@ -437,272 +462,12 @@ fn bias_row(c: &Tensor, n: usize, max_rank: usize) -> Option<Vec<f32>> {
     })
 }
 
-/// Output features per panel of a [`PackedWeight`]: attnrt's own AVX-512 micro-kernel's width
-/// (`attnrt_kernels::panel`), and the height of the `gemm` crate's f32 tile with AVX-512 (4
-/// vectors of 16; with AVX2 it reads half a panel per step), which serves CPUs without it.
-const PANEL: usize = attnrt_kernels::panel::PANEL;
-
-/// Up to this many tokens a task runs on attnrt's panel kernel (when the CPU has AVX-512),
-/// past it on the `gemm` crate's — unless the panel kernel is the faster one for many tokens
-/// too on this CPU ([`attnrt_kernels::panel::fastest_for_many_tokens`]). On the Intel VM
-/// measured: one token (a decode step, where the weights stream from memory) 1.1–1.6× faster
-/// on one thread, equal at 4, 2–23 % slower from 16 tokens on (`cargo bench -p attnrt-benches
-/// --bench projection`).
-const PANEL_KERNEL_TOKENS: usize = 4;
-
-/// The most tokens a task of [`project_packed`] runs on the panel kernel on this CPU.
-fn panel_kernel_tokens() -> usize {
-    if attnrt_kernels::panel::fastest_for_many_tokens() {
-        usize::MAX
-    } else {
-        PANEL_KERNEL_TOKENS
-    }
-}
-
-/// Which kernel runs the projections' products on this CPU, for reports.
+/// Which kernels run the projections' products in a session built now, for reports.
 pub fn kernel_in_use() -> String {
-    if !attnrt_kernels::Isa::Avx512.is_available() {
-        return "gemm".into();
-    }
-    match panel_kernel_tokens() {
-        usize::MAX => "attnrt's panel kernel".into(),
-        tokens => format!("gemm (attnrt's panel kernel up to {tokens} tokens)"),
-    }
-}
-
-/// Tokens per `gemm` call of [`project_packed`].
-const TOKENS: usize = 256;
-
-/// A projection weight `W: [K, N]` stored for [`project_packed`]: panels of `PANEL` output
-/// features, panel `c` holding `W[kk][c·PANEL + i]` at `(c·K + kk)·PANEL + i` (zero past `N`).
-/// That is the layout in which the `gemm` crate's microkernels read their left operand, so each
-/// call reads the panel as it is; handed the row-major weight, the crate copies it into that
-/// layout on every call — ≈ 26 % of the fused MHA layer's time at L=128 (perf), where a call has
-/// few tokens to spread the copy over. Built once per op, when the session is built.
-pub struct PackedWeight {
-    k: usize,
-    n: usize,
-    panels: Vec<f32>,
-}
-
-impl PackedWeight {
-    /// Packs the row-major `w: [k, n]`.
-    pub fn new(w: &[f32], k: usize, n: usize) -> Self {
-        assert_eq!(w.len(), k * n, "weight of {k}×{n}");
-        Self::from_strided(w, k, n, n, 1)
-    }
-
-    /// Packs the `k × n` matrix whose element `(kk, j)` is `w[kk·k_stride + j·n_stride]`.
-    fn from_strided(w: &[f32], k: usize, n: usize, k_stride: usize, n_stride: usize) -> Self {
-        let chunks = n.div_ceil(PANEL);
-        let mut panels = vec![0.0f32; chunks * k * PANEL];
-        for c in 0..chunks {
-            let c0 = c * PANEL;
-            let width = PANEL.min(n - c0);
-            for kk in 0..k {
-                let dst = &mut panels[(c * k + kk) * PANEL..][..width];
-                let src = kk * k_stride + c0 * n_stride;
-                if n_stride == 1 {
-                    dst.copy_from_slice(&w[src..src + width]);
-                } else {
-                    for (i, d) in dst.iter_mut().enumerate() {
-                        *d = w[src + i * n_stride];
-                    }
-                }
-            }
-        }
-        PackedWeight { k, n, panels }
-    }
-}
-
-// Compared bit for bit, so that equality is total (tract compares ops, `DynEq`).
-impl PartialEq for PackedWeight {
-    fn eq(&self, other: &Self) -> bool {
-        self.k == other.k
-            && self.n == other.n
-            && self.panels.len() == other.panels.len()
-            && self
-                .panels
-                .iter()
-                .zip(&other.panels)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-    }
-}
-
-impl std::fmt::Debug for PackedWeight {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PackedWeight({}×{})", self.k, self.n)
-    }
-}
-
-/// `y[m×n] = alpha · x[m×k] · w[k×n] (+ bias[n] on every row)`, all row-major and contiguous, on
-/// the threads of the current rayon pool (the session's: `Session::run` runs inside it). Packs
-/// `w` first; [`ProjectionOp`] keeps a [`PackedWeight`] and calls [`project_packed`].
-#[allow(clippy::too_many_arguments)]
-pub fn project(
-    x: &[f32],
-    w: &[f32],
-    y: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    alpha: f32,
-    bias: Option<&[f32]>,
-) {
-    assert!(w.len() == k * n);
-    project_packed(x, &PackedWeight::new(w, k, n), y, m, alpha, bias);
-}
-
-/// A raw output pointer shared by the tasks of [`project_packed`], which write disjoint blocks.
-struct OutPtr(*mut f32);
-// SAFETY: only used inside `project_packed`, whose tasks write disjoint elements of a buffer
-// borrowed mutably for the whole call.
-unsafe impl Sync for OutPtr {}
-
-/// [`project`] with the weight already packed: `y[m×n] = alpha · x[m×k] · W (+ bias)`. The
-/// product runs as tasks of up to `TOKENS` tokens × one panel of `PANEL` output features on
-/// the current rayon pool, each one single-threaded call of attnrt's panel kernel or of `gemm`
-/// (whichever is faster for its tokens on this CPU) that writes its own block of `y`.
-pub fn project_packed(
-    x: &[f32],
-    w: &PackedWeight,
-    y: &mut [f32],
-    m: usize,
-    alpha: f32,
-    bias: Option<&[f32]>,
-) {
-    let product = Product {
-        w,
-        alpha,
-        bias,
-        activation: None,
-    };
-    project_on(x, &product, y, m, panel_kernel_tokens());
-}
-
-/// What [`project_on`] computes from `x`: `act(alpha · x · W + bias)`.
-struct Product<'a> {
-    w: &'a PackedWeight,
-    alpha: f32,
-    bias: Option<&'a [f32]>,
-    activation: Option<Activation>,
-}
-
-/// `y[m×n] = product(x[m×k])` with tasks of up to `panel_tokens` tokens on the panel kernel (when
-/// the CPU has AVX-512) and larger ones on `gemm`.
-fn project_on(x: &[f32], product: &Product, y: &mut [f32], m: usize, panel_tokens: usize) {
-    let Product {
-        w,
-        alpha,
-        bias,
-        activation,
-    } = *product;
-    let (k, n) = (w.k, w.n);
-    assert!(x.len() == m * k && y.len() == m * n);
-    assert!(bias.is_none_or(|b| b.len() == n));
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        match bias {
-            Some(b) => y.chunks_exact_mut(n).for_each(|row| row.copy_from_slice(b)),
-            None => y.fill(0.0),
-        }
-        if let Some(act) = activation {
-            assert!(
-                apply_rows(act, y, n, m, n),
-                "an activation epilogue without AVX-512"
-            );
-        }
-        return;
-    }
-    let chunks = n.div_ceil(PANEL);
-    let blocks = m.div_ceil(TOKENS);
-    let out = OutPtr(y.as_mut_ptr());
-    let out = &out;
-    let task = |t: usize| {
-        // Token-block major: consecutive tasks (one thread's share) reuse the same rows of x.
-        let (tb, c) = (t / chunks, t % chunks);
-        let t0 = tb * TOKENS;
-        let tokens = TOKENS.min(m - t0);
-        let c0 = c * PANEL;
-        let features = PANEL.min(n - c0);
-        let panel = &w.panels[c * k * PANEL..(c + 1) * k * PANEL];
-        let bias = bias.map(|b| &b[c0..c0 + features]);
-        let block_product = PanelProduct {
-            x: &x[t0 * k..(t0 + tokens) * k],
-            x_stride: k,
-            tokens,
-            k,
-            panel,
-            width: features,
-            alpha,
-            onto: bias.map_or(Onto::Zero, Onto::Row),
-            activation,
-        };
-        // SAFETY: the block y[t0.., c0..c0 + features] (row stride n) is inside `y` and written
-        // by this task only.
-        let block = unsafe { out.0.add(t0 * n + c0) };
-        if tokens <= panel_tokens && unsafe { panel_product_raw(&block_product, block, n) } {
-            return;
-        }
-        // SAFETY: as above.
-        unsafe { gemm_block(&block_product, block, n) };
-    };
-    let tasks = blocks * chunks;
-    if rayon::current_num_threads() > 1 && tasks > 1 {
-        use rayon::prelude::*;
-        (0..tasks).into_par_iter().for_each(task);
-    } else {
-        (0..tasks).for_each(task);
-    }
-}
-
-/// Runs `p` on the `gemm` crate into `block` (row stride `n`): the product added onto what
-/// `p.onto` says (a bias row is copied into the block first), then its activation over the rows.
-///
-/// # Safety
-/// `block.add(t·n + i)` for `t < p.tokens`, `i < p.width` must be valid for reads and writes and
-/// not accessed by anything else during the call.
-unsafe fn gemm_block(p: &PanelProduct, block: *mut f32, n: usize) {
-    if let Onto::Row(row) = p.onto {
-        for t in 0..p.tokens {
-            // SAFETY: row t of the block, as the caller vouches.
-            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), block.add(t * n), p.width) };
-        }
-    }
-    // SAFETY: the gemm computes the `width × tokens` block yᵀ = panelᵀ · xᵀ: the panel holds `k`
-    // columns of PANEL contiguous floats, x's rows are `k` contiguous floats `x_stride` apart,
-    // and the block (column stride n, row stride 1) is the caller's. With `read_dst` the gemm
-    // computes `1·y + alpha·product`, and y holds the bias or its own values then.
-    unsafe {
-        gemm::gemm(
-            p.width,
-            p.tokens,
-            p.k,
-            block,
-            n as isize,
-            1,
-            !matches!(p.onto, Onto::Zero),
-            p.panel.as_ptr(),
-            PANEL as isize,
-            1,
-            p.x.as_ptr(),
-            p.x_stride as isize,
-            1,
-            1.0f32,
-            p.alpha,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-    if let Some(act) = p.activation {
-        // SAFETY: the caller's block.
-        let applied = unsafe { apply_rows_raw(act, block, n, p.tokens, p.width) };
-        assert!(applied, "an activation epilogue without AVX-512");
-    }
+    crate::kernels::of_process().map_or_else(
+        || "no usable kernels".into(),
+        |k| k.projection().to_string(),
+    )
 }
 
 impl TypedOp for ProjectionOp {
@@ -774,89 +539,5 @@ impl TypedOp for ProjectionOp {
         let y = patch.wire_node(&next.name, op, &[x])?[0];
         patch.shunt_outside(model, OutletId::new(next.id, 0), y)?;
         Ok(Some(patch))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use attnrt_testkit::seeded_values as values;
-
-    fn naive(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
-        let mut y = vec![0f64; m * n];
-        for i in 0..m {
-            for p in 0..k {
-                let a = x[i * k + p] as f64;
-                for j in 0..n {
-                    y[i * n + j] += a * w[p * n + j] as f64;
-                }
-            }
-        }
-        y
-    }
-
-    #[test]
-    fn project_matches_a_naive_product_on_odd_and_threaded_shapes() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        for &(m, k, n) in &[
-            (1, 1, 1),
-            (3, 5, 7),
-            (17, 64, 33),
-            (130, 96, 80),
-            (257, 768, 129),
-            (5, 0, 4),
-        ] {
-            let x = values(m * k, 1);
-            let w = values(k * n, 2);
-            let want = naive(&x, &w, m, k, n);
-            let packed = PackedWeight::new(&w, k, n);
-            let bias = values(n, 3);
-            // gemm past 4 tokens, the panel kernel for every task (where the CPU has AVX-512),
-            // each with and without a bias, and `project` with this CPU's choice
-            let mut outputs = Vec::new();
-            for (threaded, panel_tokens, biased) in [
-                (false, 4, false),
-                (true, 4, false),
-                (false, usize::MAX, false),
-                (true, usize::MAX, false),
-                (true, 4, true),
-                (true, usize::MAX, true),
-            ] {
-                let mut y = vec![f32::NAN; m * n];
-                let product = Product {
-                    w: &packed,
-                    alpha: 1.0,
-                    bias: biased.then_some(&bias[..]),
-                    activation: None,
-                };
-                let run = |y: &mut [f32]| project_on(&x, &product, y, m, panel_tokens);
-                if threaded {
-                    pool.install(|| run(&mut y));
-                } else {
-                    run(&mut y);
-                }
-                outputs.push((
-                    format!("threaded={threaded} panel_tokens={panel_tokens} bias={biased}"),
-                    y,
-                    biased,
-                ));
-            }
-            let mut y = vec![f32::NAN; m * n];
-            project(&x, &w, &mut y, m, k, n, 1.0, None);
-            outputs.push(("project".to_string(), y, false));
-            for (label, y, biased) in &outputs {
-                for (i, (&g, &e)) in y.iter().zip(&want).enumerate() {
-                    let e = if *biased { e + bias[i % n] as f64 } else { e };
-                    let tol = 1e-5 * (k as f64).max(1.0);
-                    assert!(
-                        (g as f64 - e).abs() <= tol,
-                        "m{m} k{k} n{n} {label}: y[{i}] = {g}, want {e}"
-                    );
-                }
-            }
-        }
     }
 }

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
+use attnrt_kernels::KernelSet;
 use attnrt_onnx::{MemoryBudget, ModelProto};
 use prost::Message;
 use tract_onnx::prelude::*;
@@ -128,6 +129,8 @@ pub struct Session {
     options: SessionOptions,
     plans: Mutex<PlanCache>,
     threads: Threads,
+    /// The CPU kernels of every op of this session's plans, chosen once.
+    kernels: KernelSet,
     what: String,
     /// ONNX op types by node name, for profiles.
     kinds: OpKinds,
@@ -235,6 +238,8 @@ impl Session {
         options: &SessionOptions,
     ) -> Result<Session> {
         attnrt_onnx::validate_model(model).with_context(|| format!("{what}: invalid model"))?;
+        let kernels =
+            KernelSet::resolve().with_context(|| format!("{what}: choosing the CPU kernels"))?;
         let proto = tract_proto(model, options)
             .with_context(|| format!("{what}: re-reading the model for tract"))?;
         let frontend = onnx_frontend_with(options.backend);
@@ -274,6 +279,7 @@ impl Session {
                     options: options.clone(),
                     plans: Mutex::new(PlanCache::new(options.max_plans)),
                     threads: threads.clone(),
+                    kernels,
                     what: what.to_string(),
                     kinds: model
                         .graph
@@ -361,6 +367,11 @@ impl Session {
             }
         }
         c
+    }
+
+    /// The CPU kernels the session's ops run (resolved once, when it was made).
+    pub fn kernels(&self) -> &KernelSet {
+        &self.kernels
     }
 
     /// How the session's plans have been made and used.
@@ -589,7 +600,10 @@ impl Session {
         let started = std::time::Instant::now();
         let plan = self.threads.install(|| {
             guarded(&self.what, || {
-                Plan::build(&self.parsed, key, &self.threads).with_context(|| {
+                crate::kernels::planning(&self.kernels, || {
+                    Plan::build(&self.parsed, key, &self.threads)
+                })
+                .with_context(|| {
                     format!("{}: planning for input shapes {}", self.what, key_str(key))
                 })
             })

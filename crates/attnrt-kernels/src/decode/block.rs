@@ -13,7 +13,8 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::{Append, Plan, KB};
-use crate::flash::{JobMask, EXP2_C};
+use crate::flash::JobMask;
+use crate::lanes::{exp2_lanes, load, madd, madd_lanes};
 
 /// Per-thread scratch of the decode tasks.
 pub(crate) struct Rows {
@@ -569,47 +570,4 @@ unsafe fn pv_rows<const FMA: bool, const NR: usize>(
             *dst = madd::<FMA>(*alpha.add(r), *dst, total);
         }
     }
-}
-
-/// `2^x` per lane: `x = n + f`, `n = round(x)`, the flash kernel's degree-6 polynomial for
-/// `2^f`, and `2^n` built in the exponent bits. Below −126 (including −inf) exactly 0.
-#[inline(always)]
-fn exp2_lanes<const FMA: bool, const N: usize>(x: [f32; N]) -> [f32; N] {
-    // Adding and subtracting 1.5·2^23 rounds to the nearest integer for |x| ≤ 2^22.
-    const ROUND: f32 = 12_582_912.0;
-    std::array::from_fn(|e| {
-        let xc = x[e].clamp(-126.0, 127.0);
-        let n = (xc + ROUND) - ROUND;
-        let f = xc - n;
-        let mut p = EXP2_C[5];
-        for c in EXP2_C[..5].iter().rev() {
-            p = madd::<FMA>(p, f, *c);
-        }
-        p = madd::<FMA>(p, f, 1.0);
-        let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-        if x[e] < -126.0 {
-            0.0
-        } else {
-            p * scale
-        }
-    })
-}
-
-#[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
-    }
-}
-
-#[inline(always)]
-fn madd_lanes<const FMA: bool, const N: usize>(a: [f32; N], b: [f32; N], c: [f32; N]) -> [f32; N] {
-    std::array::from_fn(|e| madd::<FMA>(a[e], b[e], c[e]))
-}
-
-#[inline(always)]
-unsafe fn load<const N: usize>(p: *const f32) -> [f32; N] {
-    std::ptr::read_unaligned(p as *const [f32; N])
 }

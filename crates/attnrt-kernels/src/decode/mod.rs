@@ -18,21 +18,24 @@
 //! Scores and masks are in natural units (`scale` folded into the packed queries) as in the
 //! flash kernel, which adds a mask to a score with the float32 graph's rounding; the softmax
 //! takes `x − max` to base 2 and needs `2^x`. The arithmetic is written once, over fixed-size lane
-//! arrays, in [`block`]; it is compiled for AVX2+FMA (selected at run time) and for the baseline
-//! target (the portable path).
+//! arrays, in [`block`]; it is compiled for AVX2+FMA and for the baseline target (the portable
+//! path), and the [`DecodeKernel`] of the session's `KernelSet` picks one ([`DecodeLanes`]).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod block;
+mod route;
 
 use rayon::prelude::*;
 
 use crate::cache::CacheAppend;
 use crate::flash::JobMask;
-use crate::view::effective_strides;
-use crate::{AttentionParams, Isa, Mask, Problem, View4, ViewMut4};
+use crate::problem::{AttentionParams, Mask, Problem};
+use crate::threads::ThreadPolicy;
+use crate::view::{effective_strides, View4, ViewMut4};
 
 use block::Rows;
+pub use route::Route;
 
 /// The decode path serves calls with at most this many queries. Past it the flash kernel's
 /// register tiles over queries win (and its traffic is already shared by up to 1024 queries).
@@ -46,9 +49,61 @@ pub(crate) const KB: usize = 32;
 /// gain in balance).
 const MIN_SPLIT: usize = 256;
 
-/// Whether [`run`] serves a validated problem of this shape (see [`crate::Route::Auto`]).
-pub(crate) fn suits(p: &Problem) -> bool {
-    p.q_len <= MAX_QUERIES
+/// The decode path's part of a [`crate::KernelSet`]: when it serves a call, and which build of
+/// its arithmetic runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeKernel {
+    route: Route,
+    /// [`Route::Auto`] takes the decode path up to this many queries.
+    max_queries: usize,
+    lanes: DecodeLanes,
+}
+
+/// Which build of the decode arithmetic (`block`) runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecodeLanes {
+    /// Compiled for AVX2+FMA, with the intrinsic tiles of `decode/avx2.rs` (AVX2 and AVX-512
+    /// CPUs).
+    Fma,
+    /// Compiled for the baseline target, separate multiplies and adds.
+    Portable,
+}
+
+impl DecodeKernel {
+    /// The decode path on `route` with `lanes`; `Fma` only where the CPU has AVX2 and FMA (the
+    /// resolver's promise).
+    pub(crate) fn new(route: Route, lanes: DecodeLanes) -> Self {
+        DecodeKernel {
+            route,
+            max_queries: MAX_QUERIES,
+            lanes,
+        }
+    }
+
+    /// This choice on another route.
+    pub(crate) fn with_route(self, route: Route) -> Self {
+        DecodeKernel { route, ..self }
+    }
+
+    /// Which calls take the decode path.
+    pub fn route(&self) -> Route {
+        self.route
+    }
+
+    /// Which build of the arithmetic runs.
+    pub fn lanes(&self) -> DecodeLanes {
+        self.lanes
+    }
+
+    /// Whether [`run`] serves a validated problem of this shape (on [`Route::Auto`]: at most
+    /// [`MAX_QUERIES`] queries).
+    pub(crate) fn serves(&self, p: &Problem) -> bool {
+        match self.route {
+            Route::Auto => p.q_len <= self.max_queries,
+            Route::Flash => false,
+            Route::Decode => true,
+        }
+    }
 }
 
 /// One validated call, as raw pointers and sizes for the tasks.
@@ -130,10 +185,11 @@ impl Plan {
     }
 }
 
-/// Runs a validated problem on the decode path. `isa` must be available.
+/// Runs a validated problem on the decode path.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
-    isa: Isa,
+    kernel: &DecodeKernel,
+    threads: &ThreadPolicy,
     p: &Problem,
     q: &View4,
     k: &View4,
@@ -145,8 +201,8 @@ pub(crate) fn run(
     if out.num_elements() == 0 {
         return;
     }
-    let plan = plan(p, q, k, v, mask, params, out, rayon::current_num_threads());
-    run_plan(isa, &plan);
+    let plan = plan(p, q, k, v, mask, params, out, threads.decode_task_target());
+    run_plan(kernel.lanes, &plan);
 }
 
 /// [`run`] over `present = past ++ current` (see [`CacheAppend`]): K and V rows before the
@@ -155,7 +211,8 @@ pub(crate) fn run(
 /// afterwards. `cache` was checked against `p` by the caller.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_appending(
-    isa: Isa,
+    kernel: &DecodeKernel,
+    threads: &ThreadPolicy,
     p: &Problem,
     q: &View4,
     cache: CacheAppend,
@@ -177,8 +234,16 @@ pub(crate) fn run_appending(
         View4::contiguous(data, dims).expect("present dims checked by the caller")
     };
     let (k, v) = (present(k_out, p.head_dim), present(v_out, p.v_head_dim));
-    let threads = rayon::current_num_threads();
-    let mut plan = plan(p, q, &k, &v, mask, params, out, threads);
+    let mut plan = plan(
+        p,
+        q,
+        &k,
+        &v,
+        mask,
+        params,
+        out,
+        threads.decode_task_target(),
+    );
     plan.k = k_out as *const f32;
     plan.v = v_out as *const f32;
     plan.append = Some(Append {
@@ -194,24 +259,24 @@ pub(crate) fn run_appending(
     if out.num_elements() == 0 {
         plan.keys = 0;
     } else {
-        run_plan(isa, &plan);
+        run_plan(kernel.lanes, &plan);
     }
     // SAFETY: the tasks have finished; rows `plan.keys..past_len` were not written by them.
     unsafe { block::store_past_rows(&plan, plan.keys.min(past_len)..past_len) };
 }
 
 /// The tasks of a plan (one per batch, kv-head and split) and the merge of their splits.
-fn run_plan(isa: Isa, plan: &Plan) {
+fn run_plan(lanes: DecodeLanes, plan: &Plan) {
     let part_len = plan.rows() * (plan.dv + 2);
     let tasks = plan.batch * plan.kv_heads * plan.splits;
     let mut parts = vec![0.0f32; tasks * part_len];
-    let fma = isa != Isa::Scalar;
+    let fma = lanes == DecodeLanes::Fma;
     parts.par_chunks_mut(part_len).enumerate().for_each_init(
         || Rows::new(plan),
         |rows, (t, part)| {
             let (bh, s) = (t / plan.splits, t % plan.splits);
             let (b, kvh) = (bh / plan.kv_heads, bh % plan.kv_heads);
-            // SAFETY: `fma` only when the caller checked AVX2+FMA (Avx512 implies both).
+            // SAFETY: `Fma` lanes only where the CPU has AVX2 and FMA (a `DecodeKernel`'s promise).
             unsafe { block::run_split(fma, plan, rows, b, kvh, s, part) };
         },
     );
@@ -228,7 +293,7 @@ fn plan(
     mask: &Mask,
     params: &AttentionParams,
     out: &mut ViewMut4,
-    threads: usize,
+    task_target: usize,
 ) -> Plan {
     let mut plan = Plan {
         q: q.data.as_ptr(),
@@ -263,15 +328,15 @@ fn plan(
         append: None,
     };
     plan.keys = plan.row_limit(p.q_len.saturating_sub(1)).min(p.live_keys);
-    plan.splits = choose_splits(p.batch * p.kv_heads, plan.keys, threads);
+    plan.splits = choose_splits(p.batch * p.kv_heads, plan.keys, task_target);
     plan.split_len = plan.keys.div_ceil(plan.splits).div_ceil(KB) * KB;
     plan
 }
 
-/// Splits per (batch, kv-head): enough tasks for four per thread (rayon balances them), but no
-/// split shorter than [`MIN_SPLIT`] keys.
-pub(crate) fn choose_splits(heads: usize, keys: usize, threads: usize) -> usize {
-    let want = (4 * threads.max(1)).div_ceil(heads.max(1));
+/// Splits per (batch, kv-head): enough for `task_target` tasks over all heads (the thread
+/// policy's, so that rayon can balance them), but no split shorter than [`MIN_SPLIT`] keys.
+pub(crate) fn choose_splits(heads: usize, keys: usize, task_target: usize) -> usize {
+    let want = task_target.max(1).div_ceil(heads.max(1));
     want.min(keys.div_ceil(MIN_SPLIT)).max(1)
 }
 

@@ -12,7 +12,8 @@
 //! the graph: it keeps every key. A boolean row ends after its last `true` (a row of `false`
 //! gives zeros, visiting nothing). Adding ±0 leaves a score as it is.
 
-use crate::{Mask, View4};
+use crate::problem::Mask;
+use crate::view::View4;
 
 /// Mask values at or below this remove a key from every row that has a key above it.
 pub(crate) const FILL: f32 = -1.0e30;

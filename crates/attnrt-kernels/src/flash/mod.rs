@@ -28,8 +28,58 @@
 mod key_ends;
 
 use self::key_ends::KeyEnds;
-use crate::view::effective_strides;
-use crate::{AttentionParams, Isa, Mask, Problem, View4, ViewMut4};
+use crate::isa::Isa;
+use crate::problem::{AttentionParams, Mask, Problem};
+use crate::threads::ThreadPolicy;
+use crate::view::{effective_strides, View4, ViewMut4};
+
+/// The flash kernel's part of a [`crate::KernelSet`]: which ISA module runs, its tiles, and
+/// whether a mask's key ends are used to skip key blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlashKernel {
+    isa: Isa,
+    tiles: FlashTiles,
+    key_ends: bool,
+}
+
+/// The tiles of a flash kernel's ISA module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlashTiles {
+    /// Queries per block (the register tile's lanes × vectors).
+    pub bq: usize,
+    /// Keys per packed K/V block.
+    pub bk: usize,
+    /// The most query blocks one task takes.
+    pub qsub_max: usize,
+}
+
+impl FlashKernel {
+    /// The kernel of `isa`'s module; `isa` must be available (the resolver's promise). With
+    /// `key_ends`, a mask's rows are scanned once per call for the last key each can see
+    /// ([`KeyEnds`]) and the key blocks after it are skipped.
+    pub(crate) fn new(isa: Isa, key_ends: bool) -> Self {
+        FlashKernel {
+            isa,
+            tiles: tiles(isa),
+            key_ends,
+        }
+    }
+
+    /// The ISA module that runs.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Its tiles.
+    pub fn tiles(&self) -> FlashTiles {
+        self.tiles
+    }
+
+    /// Whether masks' key ends are used to skip key blocks.
+    pub fn key_ends(&self) -> bool {
+        self.key_ends
+    }
+}
 
 /// Mask pointer and effective (broadcast-aware) strides.
 #[derive(Clone, Copy)]
@@ -124,31 +174,33 @@ impl Scratch {
     }
 }
 
-/// Bytes of scratch one task of `isa` needs at most (one per pool thread); independent of the
+/// Bytes of scratch one task of `kernel` needs at most (one per pool thread); independent of the
 /// sequence lengths.
-pub fn scratch_bytes(isa: Isa, head_dim: usize, v_head_dim: usize) -> usize {
-    let (bq, bk, qsub) = tiles(isa);
-    let qsub = qsub_cap(bq, qsub, head_dim, v_head_dim);
+pub fn scratch_bytes(kernel: &FlashKernel, head_dim: usize, v_head_dim: usize) -> usize {
+    let FlashTiles { bq, bk, qsub_max } = kernel.tiles;
+    let qsub = qsub_cap(bq, qsub_max, head_dim, v_head_dim);
     let floats =
         qsub * bq * (head_dim + v_head_dim + 2) + bq * (bk + 1) + bk * (head_dim + v_head_dim);
     (floats + 7 * 16) * std::mem::size_of::<f32>()
 }
 
-/// `(BQ, BK, QSUB_MAX)` of the module that runs `isa`.
-fn tiles(isa: Isa) -> (usize, usize, usize) {
-    match isa {
+/// The tiles of the module that runs `isa`.
+fn tiles(isa: Isa) -> FlashTiles {
+    let (bq, bk, qsub_max) = match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => (avx512::BQ, avx512::BK, avx512::QSUB_MAX),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => (avx2::BQ, avx2::BK, avx2::QSUB_MAX),
         _ => (scalar::BQ, scalar::BK, scalar::QSUB_MAX),
-    }
+    };
+    FlashTiles { bq, bk, qsub_max }
 }
 
-/// Runs a validated problem. `isa` must be available (checked by the caller).
+/// Runs a validated problem.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
-    isa: Isa,
+    kernel: &FlashKernel,
+    threads: &ThreadPolicy,
     p: &Problem,
     q: &View4,
     k: &View4,
@@ -160,7 +212,7 @@ pub(crate) fn run(
     if out.num_elements() == 0 {
         return;
     }
-    let (bq, bk, qsub_max) = tiles(isa);
+    let FlashTiles { bq, bk, qsub_max } = kernel.tiles;
     let mask_strides = match mask {
         Mask::None => [0; 4],
         Mask::Additive(m) => shared_rows(m, |a, b| a.to_bits() == b.to_bits()),
@@ -197,13 +249,17 @@ pub(crate) fn run(
             qsub_max,
             p.head_dim,
             p.v_head_dim,
-            rayon::current_num_threads(),
+            threads.flash_min_tasks(),
         ),
-        key_ends: KeyEnds::of(mask, mask_strides, p.live_keys, (bq, bk)),
+        key_ends: kernel
+            .key_ends
+            .then(|| KeyEnds::of(mask, mask_strides, p.live_keys, (bq, bk)))
+            .flatten(),
     };
-    // SAFETY: `isa` was checked available by the caller; `job` holds pointers of validated views.
+    // SAFETY: a `FlashKernel` is made only for an ISA this CPU has; `job` holds pointers of
+    // validated views.
     unsafe {
-        match isa {
+        match kernel.isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => avx512::run(&job),
             #[cfg(target_arch = "x86_64")]
@@ -268,7 +324,7 @@ fn bytes<T: BytewiseEq>(s: &[T]) -> &[u8] {
 /// How many query blocks of `bq` queries one task takes: as many as possible up to `max` — every
 /// task streams all of its head's K and V once, so the K/V traffic is divided by this number, and
 /// past L ≈ 1024 that traffic (rows from L2/L3) is what bounds the kernel — while keeping at least
-/// three tasks per pool thread for rayon's load balancing.
+/// `want` tasks (the thread policy's, for rayon's load balancing).
 pub(crate) fn choose_qsub(
     heads_total: usize,
     q_len: usize,
@@ -276,9 +332,8 @@ pub(crate) fn choose_qsub(
     max: usize,
     d: usize,
     dv: usize,
-    threads: usize,
+    want: usize,
 ) -> usize {
-    let want = 3 * threads.max(1);
     let mut qsub = qsub_cap(bq, max, d, dv);
     while qsub > 1 && heads_total.saturating_mul(q_len.div_ceil(bq * qsub)) < want {
         qsub /= 2;
@@ -395,17 +450,8 @@ impl RowPrefetch {
 /// the whole task, L = 2048 measured no better than without them).
 pub(crate) const PREFETCH_WINDOW: usize = 64;
 
-/// Coefficients `c1..c6` of `2^f ≈ 1 + c1·f + … + c6·f⁶` on `|f| ≤ 1/2` (least-squares fit of the
-/// relative error, ≈ 2e-9 in exact arithmetic; < 1e-7 evaluated in f32 by Horner's rule).
-/// (`c1` comes out of the fit as `ln 2` to f32 precision.)
-pub(crate) const EXP2_C: [f32; 6] = [
-    std::f32::consts::LN_2,
-    0.240_226_48,
-    0.055_503_29,
-    0.009_618_374,
-    0.001_339_985_8,
-    0.000_153_707_2,
-];
+/// The `2^x` polynomial's coefficients, shared with the portable kernels.
+pub(crate) use crate::lanes::EXP2_C;
 
 /// Packs `Qᵀ[d][q] = scale·Q[i0+q][d]` for `q < nq`, zero for the dead lanes up to `bq` (the
 /// portable fallback of the SIMD packing in the ISA modules, for strides too large for gathers).

@@ -6,7 +6,7 @@
 //! node's element type ([`collect_outputs`]).
 
 use attnrt_kernels::reference::ScoreStage;
-use attnrt_kernels::{AttentionParams, Mask, View4};
+use attnrt_kernels::{AttentionParams, KernelSet, Mask, View4};
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
@@ -14,7 +14,11 @@ use super::layout::*;
 use super::problem::Problem;
 use super::semantics::{check_float, AttentionOp};
 
-pub(super) fn eval_attention(op: &AttentionOp, inputs: &[TValue]) -> TractResult<TVec<TValue>> {
+pub(super) fn eval_attention(
+    op: &AttentionOp,
+    kernels: &KernelSet,
+    inputs: &[TValue],
+) -> TractResult<TVec<TValue>> {
     if inputs.len() != op.input_count() {
         bail!("expected {} inputs, got {}", op.input_count(), inputs.len());
     }
@@ -28,7 +32,7 @@ pub(super) fn eval_attention(op: &AttentionOp, inputs: &[TValue]) -> TractResult
     let [batch, q_heads, q_len, head] = qv.dims;
 
     let past = past_inputs(op, inputs)?;
-    let mut cache = Cache::build(past.as_ref(), op, &kv, &vv)?;
+    let mut cache = Cache::build(past.as_ref(), op, kernels, &kv, &vv)?;
     let total = cache.past_len + kv.dims[2];
 
     let mask_f32;
@@ -66,7 +70,7 @@ pub(super) fn eval_attention(op: &AttentionOp, inputs: &[TValue]) -> TractResult
     };
     let y = match appended {
         Some(y) => y,
-        None => run_y(&problem, rank)?,
+        None => run_y(&problem, kernels, rank)?,
     };
     let scores = op.outputs[3]
         .then(|| run_scores(op, &problem))
@@ -130,6 +134,7 @@ fn head_views<'a>(
 /// are written by [`Cache::attend`] (the kernel, in the same pass that reads them) or by
 /// [`Cache::fill_past`].
 struct Cache<'a> {
+    kernels: &'a KernelSet,
     past: Option<(View4<'a, f32>, View4<'a, f32>)>,
     past_len: usize,
     present_k: Option<Tensor>,
@@ -146,6 +151,7 @@ impl<'a> Cache<'a> {
     fn build(
         past: Option<&'a (F32Input<'_>, F32Input<'_>)>,
         op: &AttentionOp,
+        kernels: &'a KernelSet,
         kv: &View4<f32>,
         vv: &View4<f32>,
     ) -> TractResult<Cache<'a>> {
@@ -160,10 +166,11 @@ impl<'a> Cache<'a> {
         let past_len = past.as_ref().map_or(0, |(pk, _)| pk.dims[2]);
         let present = |on: bool, p: Option<&View4<f32>>, cur: &View4<f32>| {
             (past.is_some() || on)
-                .then(|| present_tensor(p, cur, false))
+                .then(|| present_tensor(kernels.threads(), p, cur, false))
                 .transpose()
         };
         Ok(Cache {
+            kernels,
             present_k: present(op.outputs[1], past.as_ref().map(|p| &p.0), kv)?,
             present_v: present(op.outputs[2], past.as_ref().map(|p| &p.1), vv)?,
             past,
@@ -223,7 +230,7 @@ impl<'a> Cache<'a> {
             present_value: f32_data_mut(tv)?,
             total,
         };
-        attnrt_kernels::attention_appending(q, cache, mask, params, &mut out)?;
+        attnrt_kernels::attention_appending(self.kernels, q, cache, mask, params, &mut out)?;
         Ok(y)
     }
 
@@ -240,7 +247,7 @@ impl<'a> Cache<'a> {
                 .as_mut()
                 .with_context(|| format!("{what} was not built"))?;
             let total = t.shape()[2];
-            attnrt_kernels::append_rows(p, f32_data_mut(t)?, total, 0);
+            attnrt_kernels::append_rows(self.kernels.threads(), p, f32_data_mut(t)?, total, 0);
         }
         Ok(())
     }
@@ -299,11 +306,11 @@ fn attn_mask<'a>(
 }
 
 /// Y, written by the kernel straight into the output tensor (3-D: `[B, Lq, Hq·Dv]`).
-fn run_y(problem: &Problem, rank: usize) -> TractResult<Tensor> {
+fn run_y(problem: &Problem, kernels: &KernelSet, rank: usize) -> TractResult<Tensor> {
     let [batch, q_heads, q_len, _] = problem.q.dims;
     let v_head = problem.v.dims[3];
     let mut y = f32_output(&out_shape(rank, [batch, q_heads, q_len, v_head]))?;
-    problem.run(f32_data_mut(&mut y)?, rank)?;
+    problem.run(kernels, f32_data_mut(&mut y)?, rank)?;
     Ok(y)
 }
 

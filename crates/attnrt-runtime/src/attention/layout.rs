@@ -2,7 +2,7 @@
 //! without a transpose), `Y` written in place, `present_*` built in their output tensors, mask
 //! broadcast strides, the `nonpad_kv_seqlen` lengths, f16 ↔ f32.
 
-use attnrt_kernels::{Mask, View4, ViewMut4};
+use attnrt_kernels::{Mask, ThreadPolicy, View4, ViewMut4};
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
@@ -121,6 +121,7 @@ pub(super) fn past_view<'a>(
 /// `P..P+L` are written: the caller hands the tensor to
 /// [`attnrt_kernels::attention_appending`], which writes rows `0..P`.
 pub(super) fn present_tensor(
+    threads: &ThreadPolicy,
     past: Option<&View4<'_, f32>>,
     cur: &View4<f32>,
     fill_past: bool,
@@ -136,9 +137,9 @@ pub(super) fn present_tensor(
     let mut t = unsafe { Tensor::uninitialized::<f32>(&[cd[0], cd[1], total, cd[3]])? };
     let out = f32_data_mut(&mut t)?;
     if let (Some(p), true) = (past, fill_past) {
-        attnrt_kernels::append_rows(p, out, total, 0);
+        attnrt_kernels::append_rows(threads, p, out, total, 0);
     }
-    attnrt_kernels::append_rows(cur, out, total, past_len);
+    attnrt_kernels::append_rows(threads, cur, out, total, past_len);
     Ok(t)
 }
 

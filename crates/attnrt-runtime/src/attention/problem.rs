@@ -2,7 +2,7 @@
 //! where `nonpad_kv_seqlen` cuts keys, with the causal offset the ONNX spec gives.
 
 use attnrt_kernels::reference::{self, ScoreStage};
-use attnrt_kernels::{AttentionParams, Mask, View4};
+use attnrt_kernels::{AttentionParams, KernelSet, Mask, View4};
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
@@ -38,13 +38,14 @@ impl Problem<'_> {
     /// would get a `−inf` bias, which is the same as leaving them out, and the causal offset
     /// is `n_b − Lq` (ONNX Attention-24, external cache). A batch with `n_b = 0` has every row
     /// fully masked and keeps its zeros (the errata's fully-masked rule).
-    pub(super) fn run(&self, y: &mut [f32], rank: usize) -> TractResult<()> {
+    pub(super) fn run(&self, kernels: &KernelSet, y: &mut [f32], rank: usize) -> TractResult<()> {
         let [batch, q_heads, q_len, _] = self.q.dims;
         let v_head = self.v.dims[3];
         let Some(lens) = &self.nonpad else {
             let mut out = y_view(y, rank, [batch, q_heads, q_len, v_head])?;
             let params = self.params(self.past_len as isize);
-            attnrt_kernels::attention(&self.q, &self.k, &self.v, &self.mask, &params, &mut out)?;
+            let (q, k, v) = (&self.q, &self.k, &self.v);
+            attnrt_kernels::attention(kernels, q, k, v, &self.mask, &params, &mut out)?;
             return Ok(());
         };
         let per_batch = q_heads * q_len * v_head;
@@ -61,7 +62,7 @@ impl Problem<'_> {
             let v = batch_view(&self.v, b, Some((2, n)))?;
             let mask = batch_mask(&self.mask, b, n)?;
             let params = self.params(n as isize - q_len as isize);
-            attnrt_kernels::attention(&q, &k, &v, &mask, &params, &mut out)
+            attnrt_kernels::attention(kernels, &q, &k, &v, &mask, &params, &mut out)
                 .with_context(|| format!("batch {b} (nonpad_kv_seqlen {n})"))?;
         }
         Ok(())

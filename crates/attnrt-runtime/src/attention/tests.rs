@@ -6,7 +6,7 @@ use super::semantics::{parse_node, AttentionOp};
 use attnrt_kernels::reference;
 use attnrt_kernels::reference::ScoreStage;
 use attnrt_kernels::ViewMut4;
-use attnrt_kernels::{AttentionParams, Mask, View4};
+use attnrt_kernels::{AttentionParams, KernelSet, Mask, ThreadPolicy, View4};
 use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
 
@@ -32,13 +32,13 @@ fn present_appends_current_after_past() {
     let cur_data = [3.0, 4.0, 5.0, 6.0];
     let cur = View4::contiguous(&cur_data, [1, 1, 2, 2]).unwrap();
     let past = past_view(&past, cur.dims, "past_key").unwrap();
-    let t = present_tensor(Some(&past), &cur, true).unwrap();
+    let t = present_tensor(&ThreadPolicy::default(), Some(&past), &cur, true).unwrap();
     assert_eq!(t.shape(), &[1, 1, 3, 2]);
     assert_eq!(f32s(&t), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     // Without a past, present is the current keys in the 4-D layout: a 3-D [B, L, H·D]
     // view (B=1, L=2, H=2, D=1) comes out as [B, H, L, D].
     let cur = View4::from_bshd(&cur_data, 1, 2, 2, 1).unwrap();
-    let t = present_tensor(None, &cur, true).unwrap();
+    let t = present_tensor(&ThreadPolicy::default(), None, &cur, true).unwrap();
     assert_eq!(t.shape(), &[1, 2, 2, 1]);
     assert_eq!(f32s(&t), &[3.0, 5.0, 4.0, 6.0]);
 }
@@ -87,7 +87,8 @@ fn op(has_mask: bool, is_causal: bool, qk_mode: i64, with_scores: bool) -> Atten
 
 fn run(op: &AttentionOp, inputs: Vec<Tensor>) -> TractResult<Vec<Vec<f32>>> {
     let inputs: Vec<TValue> = inputs.into_iter().map(|t| t.into_tvalue()).collect();
-    Ok(eval_attention(op, &inputs)?
+    let kernels = KernelSet::resolve()?;
+    Ok(eval_attention(op, &kernels, &inputs)?
         .iter()
         .map(|t| f32s(t).to_vec())
         .collect())

@@ -1,6 +1,7 @@
 //! The op in tract's two forms: the inference form (type and shape rules, for tract's analysis)
 //! and the typed (runnable) form that tract plans, checks and evaluates.
 
+use attnrt_kernels::KernelSet;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
@@ -12,7 +13,12 @@ pub const OP_NAME: &str = "AttnrtAttention";
 
 /// The typed (runnable) form of [`AttentionOp`]: evaluates on attnrt's kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AttentionKernelOp(pub AttentionOp);
+pub struct AttentionKernelOp {
+    /// The node as ONNX defines it.
+    pub op: AttentionOp,
+    /// The session's kernels.
+    pub kernels: KernelSet,
+}
 
 impl Op for AttentionKernelOp {
     fn name(&self) -> StaticName {
@@ -20,7 +26,7 @@ impl Op for AttentionKernelOp {
     }
 
     fn info(&self) -> TractResult<Vec<String>> {
-        Ok(vec![format!("node {}", self.0.node)])
+        Ok(vec![format!("node {}", self.op.node)])
     }
 
     op_as_typed_op!();
@@ -30,8 +36,8 @@ impl EvalOp for AttentionKernelOp {
     op_out_of_plan!();
 
     fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        eval_attention(&self.0, &inputs)
-            .with_context(|| format!("Attention node '{}'", self.0.node))
+        eval_attention(&self.op, &self.kernels, &inputs)
+            .with_context(|| format!("Attention node '{}'", self.op.node))
     }
 }
 
@@ -39,7 +45,7 @@ impl TypedOp for AttentionKernelOp {
     as_op!();
 
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
-        let op = &self.0;
+        let op = &self.op;
         let ctx = || format!("Attention node '{}'", op.node);
         if inputs.len() != op.input_count() {
             bail!(
@@ -151,6 +157,10 @@ impl Expansion for AttentionOp {
         model: &mut TypedModel,
         inputs: &[OutletId],
     ) -> TractResult<TVec<OutletId>> {
-        model.wire_node(prefix, AttentionKernelOp(self.clone()), inputs)
+        let op = AttentionKernelOp {
+            op: self.clone(),
+            kernels: crate::kernels::for_op()?,
+        };
+        model.wire_node(prefix, op, inputs)
     }
 }

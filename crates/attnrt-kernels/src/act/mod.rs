@@ -1,7 +1,8 @@
 //! Activations applied to values still in registers: the epilogue of a projection
 //! ([`crate::panel`]) that an activation follows in the graph, so that the activation costs no
-//! pass of its own over the output. AVX-512 only, like the panel kernel (callers keep the
-//! activation as an op of its own elsewhere: [`apply_rows`] reports whether it ran).
+//! pass of its own over the output, and the same functions over rows in memory ([`apply_rows`]).
+//! Three builds, one per [`Isa`] ([`ActKernel`]): AVX-512F intrinsics (`avx512.rs`), and the
+//! lane arrays of `lanes.rs` compiled for AVX2+FMA and for the baseline target (portable).
 //!
 //! * [`Activation::GeluErf`], `x/2 · (1 + erf(x/√2))`: `erf` by Abramowitz & Stegun 7.1.28
 //!   (`1 − (1 + a₁x + … + a₆x⁶)⁻¹⁶`, absolute error ≤ 3e-7), operation for operation as
@@ -13,6 +14,45 @@
 //!   Not tract's bits (its `tanh` is another approximation, which saturates sooner: 1.6e-6
 //!   where the value is 6.5e-9 at x = −5.49); within a relative 1e-5 of the exact value on
 //!   −12..12, tails included.
+//!
+//! The lane builds compute the same formulas (fused multiply-adds only with FMA); their values
+//! are within the tolerances above, not the AVX-512 build's bits.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+pub(crate) mod lanes;
+
+use crate::isa::Isa;
+
+/// `a₁..a₆` of Abramowitz & Stegun 7.1.28, `erf(x) ≈ 1 − (1 + a₁x + … + a₆x⁶)⁻¹⁶` for `x ≥ 0`
+/// (tract-linalg's constants).
+#[allow(clippy::excessive_precision)]
+const ERF_A: [f32; 6] = [
+    0.0705230784,
+    0.0422820123,
+    0.0092705272,
+    0.0001520143,
+    0.0002765672,
+    0.0000430638,
+];
+
+/// The activation kernel of a [`crate::KernelSet`]: which build runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ActKernel {
+    isa: Isa,
+}
+
+impl ActKernel {
+    /// The build for `isa`, which this CPU must have (the resolver's promise).
+    pub(crate) fn new(isa: Isa) -> Self {
+        ActKernel { isa }
+    }
+
+    /// The build's ISA.
+    pub fn isa(self) -> Isa {
+        self.isa
+    }
+}
 
 /// An element-wise activation a projection can apply to its output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,18 +96,19 @@ fn erf_f64(x: f64) -> f64 {
     sum * 2.0 / std::f64::consts::PI.sqrt()
 }
 
-/// Applies `act` in place to `rows` rows of `width` values, row `r` at `y[r·stride..]`, when the
-/// CPU has AVX-512; returns `false` (and changes nothing) otherwise.
+/// Applies `act` in place to `rows` rows of `width` values, row `r` at `y[r·stride..]`, on
+/// `kernel`'s build.
 ///
 /// # Panics
 /// If `y` is too short for the rows given.
 pub fn apply_rows(
+    kernel: ActKernel,
     act: Activation,
     y: &mut [f32],
     stride: usize,
     rows: usize,
     width: usize,
-) -> bool {
+) {
     if rows > 0 && width > 0 {
         assert!(
             stride >= width && y.len() >= (rows - 1) * stride + width,
@@ -75,7 +116,7 @@ pub fn apply_rows(
         );
     }
     // SAFETY: `y` holds every row, as asserted.
-    unsafe { apply_rows_raw(act, y.as_mut_ptr(), stride, rows, width) }
+    unsafe { apply_rows_raw(kernel, act, y.as_mut_ptr(), stride, rows, width) }
 }
 
 /// [`apply_rows`] on a raw output (tasks that own disjoint blocks of one matrix).
@@ -84,123 +125,23 @@ pub fn apply_rows(
 /// `y.add(r·stride + i)` for `r < rows`, `i < width` must be valid for reads and writes and not
 /// accessed by anything else during the call.
 pub unsafe fn apply_rows_raw(
+    kernel: ActKernel,
     act: Activation,
     y: *mut f32,
     stride: usize,
     rows: usize,
     width: usize,
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if crate::Isa::Avx512.is_available() {
-        // SAFETY: AVX-512F checked; the caller vouches for the rows.
-        unsafe { avx512::apply_rows(act, y, stride, rows, width) };
-        return true;
-    }
-    let _ = (act, y, stride, rows, width);
-    false
-}
-
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512 {
-    use super::Activation;
-    use crate::flash::avx512::vexp2;
-    use std::arch::x86_64::*;
-
-    /// [`super::apply_rows_raw`] with AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn apply_rows(
-        act: Activation,
-        y: *mut f32,
-        stride: usize,
-        rows: usize,
-        width: usize,
-    ) {
-        for r in 0..rows {
-            let row = y.add(r * stride);
-            let mut c = 0;
-            while c < width {
-                let lanes = (width - c).min(16);
-                let m: __mmask16 = if lanes == 16 {
-                    0xffff
-                } else {
-                    (1u16 << lanes) - 1
-                };
-                let v = _mm512_maskz_loadu_ps(m, row.add(c));
-                _mm512_mask_storeu_ps(row.add(c), m, apply(act, v));
-                c += 16;
-            }
+) {
+    // SAFETY: an `ActKernel` is made only for an ISA this CPU has; the caller vouches for the
+    // rows.
+    unsafe {
+        match kernel.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::apply_rows(act, y, stride, rows, width),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => lanes::apply_rows_avx2(act, y, stride, rows, width),
+            _ => lanes::apply_rows_portable(act, y, stride, rows, width),
         }
-    }
-
-    /// `act` on 16 values.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    pub(crate) fn apply(act: Activation, x: __m512) -> __m512 {
-        match act {
-            Activation::GeluErf => gelu_erf(x),
-            Activation::GeluTanh => gelu_tanh(x),
-        }
-    }
-
-    /// `(x·0.5)·(erf(x·(1/√2)) + 1)`, the operations of tract's f32 `Gelu` (exact form).
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn gelu_erf(x: __m512) -> __m512 {
-        let scaled = _mm512_mul_ps(x, _mm512_set1_ps(2.0f32.sqrt().recip()));
-        let e = erf(scaled);
-        let one = _mm512_set1_ps(1.0);
-        _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.5)), _mm512_add_ps(e, one))
-    }
-
-    /// Abramowitz & Stegun 7.1.28, in the order of tract-linalg's AVX-512 `erf`.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn erf(x: __m512) -> __m512 {
-        #[allow(clippy::excessive_precision)]
-        const A: [f32; 6] = [
-            0.0705230784,
-            0.0422820123,
-            0.0092705272,
-            0.0001520143,
-            0.0002765672,
-            0.0000430638,
-        ];
-        let sign_bit = _mm512_set1_epi32(i32::MIN);
-        let xi = _mm512_castps_si512(x);
-        let sign = _mm512_and_si512(xi, sign_bit);
-        let a = _mm512_castsi512_ps(_mm512_andnot_si512(sign_bit, xi));
-        let mut y = _mm512_set1_ps(A[5]);
-        for c in A[..5].iter().rev() {
-            y = _mm512_fmadd_ps(y, a, _mm512_set1_ps(*c));
-        }
-        y = _mm512_mul_ps(y, a);
-        let one = _mm512_set1_ps(1.0);
-        y = _mm512_add_ps(y, one);
-        for _ in 0..4 {
-            y = _mm512_mul_ps(y, y);
-        }
-        let r = _mm512_sub_ps(one, _mm512_div_ps(one, y));
-        _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(r), sign))
-    }
-
-    /// `0.5·x·(1 + tanh(u)) = x / (1 + e^{−2u})`, `u = √(2/π)·(x + 0.044715·x³)`: the second
-    /// form has no cancellation where `tanh(u)` is near −1 (large negative `x`).
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn gelu_tanh(x: __m512) -> __m512 {
-        let x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
-        let inner = _mm512_fmadd_ps(_mm512_set1_ps(0.044715), x3, x);
-        // −2u in base 2: e^{−2u} = 2^{−2u·log2 e} (the attention kernel's `2^x`), clamped where
-        // 2^t is 0 or inf in f32 anyway.
-        let t = _mm512_mul_ps(
-            _mm512_set1_ps(-2.0 * 0.797_884_6 * std::f32::consts::LOG2_E),
-            inner,
-        );
-        let t = _mm512_min_ps(
-            _mm512_max_ps(t, _mm512_set1_ps(-127.0)),
-            _mm512_set1_ps(128.0),
-        );
-        _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), vexp2(t)))
     }
 }
 
@@ -226,18 +167,19 @@ mod tests {
     }
 
     #[test]
-    fn both_gelus_match_the_f64_reference_on_a_wide_range() {
+    fn both_gelus_match_the_f64_reference_on_a_wide_range_on_every_isa() {
         // -12..12 in steps of 1/64, plus the rows' masked tail (width 37 of stride 40)
         let values: Vec<f32> = (-768..=768).map(|i| i as f32 / 64.0).collect();
         let (rows, width, stride) = (values.len().div_ceil(37), 37, 40);
-        for act in [Activation::GeluErf, Activation::GeluTanh] {
+        for (isa, act) in Isa::available()
+            .into_iter()
+            .flat_map(|isa| [(isa, Activation::GeluErf), (isa, Activation::GeluTanh)])
+        {
             let mut y = vec![f32::NAN; rows * stride];
             for (i, v) in values.iter().enumerate() {
                 y[i / width * stride + i % width] = *v;
             }
-            if !apply_rows(act, &mut y, stride, rows, width) {
-                return; // no AVX-512 here: nothing ran, nothing to check
-            }
+            apply_rows(ActKernel::new(isa), act, &mut y, stride, rows, width);
             for (i, x) in values.iter().enumerate() {
                 let got = y[i / width * stride + i % width] as f64;
                 let want = act.reference(*x as f64);
@@ -250,7 +192,7 @@ mod tests {
                 };
                 assert!(
                     (got - want).abs() <= tolerance,
-                    "{act:?}({x}) = {got}, want {want}"
+                    "{isa} {act:?}({x}) = {got}, want {want}"
                 );
             }
             for r in 0..rows {

@@ -1,0 +1,201 @@
+//! Matrix products against a pre-packed weight panel: the projections of a transformer
+//! (`x · W` with a constant `W`), a block of tokens times one panel of [`PANEL`] output
+//! features at a time.
+//!
+//! A panel holds `W[kk][c0 + i]` at `kk·PANEL + i`: for each input feature the panel's output
+//! features are one aligned row of 64 floats, four AVX-512 vectors. The micro-kernel keeps
+//! `MR × 4` accumulators (`MR` = 6 tokens) in registers; per input feature it loads the panel
+//! row once and broadcasts one input value per token, so the tokens are read in place (no copy
+//! of `x`) and the weight is never repacked per call. That is the AVX-512 build
+//! (`avx512.rs`); `lanes.rs` holds the AVX2+FMA and portable builds (one token at a time, the
+//! panel row in lane arrays), which [`PanelKernel`] picks where the CPU, or
+//! `ATTNRT_KERNEL_ISA`, allows no AVX-512.
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod lanes;
+
+use crate::act::Activation;
+use crate::isa::Isa;
+
+/// The panel kernel of a [`crate::KernelSet`]: which build runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PanelKernel {
+    isa: Isa,
+}
+
+impl PanelKernel {
+    /// The build for `isa`, which this CPU must have (the resolver's promise).
+    pub(crate) fn new(isa: Isa) -> Self {
+        PanelKernel { isa }
+    }
+
+    /// The build's ISA.
+    pub fn isa(self) -> Isa {
+        self.isa
+    }
+}
+
+/// Output features per panel.
+pub const PANEL: usize = 64;
+
+/// Tokens per register tile.
+const MR: usize = 6;
+
+/// One product: `y[t][i] = act(alpha · Σₖₖ x[t][kk] · panel[kk·PANEL + i] + addend)` for
+/// `t < tokens`, `i < width`, the addend given by [`PanelProduct::onto`], `act` by
+/// [`PanelProduct::activation`] (none: the identity).
+pub struct PanelProduct<'a> {
+    /// `tokens` rows of `k` inputs, row `t` at `x[t·x_stride..]`
+    pub x: &'a [f32],
+    /// distance between token rows of `x`, `≥ k`
+    pub x_stride: usize,
+    /// rows of `x` and `y`
+    pub tokens: usize,
+    /// input features
+    pub k: usize,
+    /// `k · PANEL` weights
+    pub panel: &'a [f32],
+    /// output features of this panel used, `≤ PANEL`
+    pub width: usize,
+    /// scale of the product
+    pub alpha: f32,
+    /// what the product is added onto
+    pub onto: Onto<'a>,
+    /// applied to the sum as it is stored
+    pub activation: Option<Activation>,
+}
+
+/// What a [`PanelProduct`] adds its product onto.
+#[derive(Clone, Copy, Debug)]
+pub enum Onto<'a> {
+    /// nothing: `y` is overwritten
+    Zero,
+    /// `y`'s own values
+    Output,
+    /// one row of `width` values (a bias), the same for every token; `y` is overwritten
+    Row(&'a [f32]),
+}
+
+/// Runs `p` into `y` (row `t` at `y[t·y_stride..]`, `width` elements) on `kernel`'s build.
+///
+/// # Panics
+/// If the slices are too short for the sizes given.
+pub fn panel_product(kernel: PanelKernel, p: &PanelProduct, y: &mut [f32], y_stride: usize) {
+    if p.tokens > 0 && p.width > 0 {
+        assert!(
+            y.len() >= (p.tokens - 1) * y_stride + p.width,
+            "y too short"
+        );
+    }
+    // SAFETY: `y` is borrowed mutably and holds every row written.
+    unsafe { panel_product_raw(kernel, p, y.as_mut_ptr(), y_stride) }
+}
+
+/// [`panel_product`] into a raw output (tasks that write disjoint blocks of one matrix).
+///
+/// # Safety
+/// `y.add(t·y_stride + i)` for `t < tokens`, `i < width` must be valid for reads and writes and
+/// not accessed by anything else during the call.
+///
+/// # Panics
+/// If `x` or the panel are too short for the sizes given.
+pub unsafe fn panel_product_raw(
+    kernel: PanelKernel,
+    p: &PanelProduct,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    assert!(p.width <= PANEL && p.x_stride >= p.k && y_stride >= p.width);
+    assert!(p.panel.len() >= p.k * PANEL, "panel shorter than k·PANEL");
+    if let Onto::Row(row) = p.onto {
+        assert!(row.len() >= p.width, "row shorter than the width");
+    }
+    if p.tokens == 0 || p.width == 0 {
+        return;
+    }
+    assert!(
+        p.x.len() >= (p.tokens - 1) * p.x_stride + p.k,
+        "x too short"
+    );
+    // SAFETY: a `PanelKernel` is made only for an ISA this CPU has; the asserts above keep
+    // every read of x and the panel inside their slices, the caller vouches for y.
+    unsafe {
+        match kernel.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::product(p, y, y_stride),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => lanes::product_avx2(p, y, y_stride),
+            _ => lanes::product_portable(p, y, y_stride),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::testing::ramp;
+
+    #[test]
+    fn matches_a_naive_product_on_every_isa_tile_height_width_addend_and_activation() {
+        for isa in Isa::available() {
+            matches_a_naive_product(PanelKernel::new(isa));
+        }
+    }
+
+    fn matches_a_naive_product(kernel: PanelKernel) {
+        // addend: 0 nothing, 1 the output's values, 2 a row (bias)
+        let (erf, tanh) = (Some(Activation::GeluErf), Some(Activation::GeluTanh));
+        for (tokens, k, width, addend, activation) in [
+            (13, 70, 64, 0, None),
+            (9, 300, 64, 2, erf),
+            (8, 257, 31, 1, tanh),
+            (6, 3, 17, 1, None),
+            (1, 128, 64, 2, tanh),
+            (11, 1, 1, 0, erf),
+            (7, 33, 48, 1, None),
+            (5, 131, 20, 2, None),
+        ] {
+            let xs = k + 3;
+            let ys = width + 5;
+            let x = ramp(tokens * xs, 0.1);
+            let panel = ramp(k * PANEL, 0.2);
+            let y0 = ramp(tokens * ys, 0.3);
+            let row = ramp(width, 0.4);
+            let mut y = y0.clone();
+            let p = PanelProduct {
+                x: &x,
+                x_stride: xs,
+                tokens,
+                k,
+                panel: &panel,
+                width,
+                alpha: 0.5,
+                onto: [Onto::Zero, Onto::Output, Onto::Row(&row)][addend],
+                activation,
+            };
+            panel_product(kernel, &p, &mut y, ys);
+            for t in 0..tokens {
+                for c in 0..ys {
+                    let got = y[t * ys + c];
+                    if c >= width {
+                        assert_eq!(got, y0[t * ys + c], "t{t} c{c} outside the width");
+                        continue;
+                    }
+                    let dot: f64 = (0..k)
+                        .map(|kk| x[t * xs + kk] as f64 * panel[kk * PANEL + c] as f64)
+                        .sum();
+                    let base = [0.0, y0[t * ys + c], row[c]][addend] as f64;
+                    let sum = base + 0.5 * dot;
+                    let want = activation.map_or(sum, |a| a.reference(sum));
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-5 * (1.0 + sum.abs()),
+                        "{kernel:?} tokens {tokens} k {k} width {width} addend {addend}: \
+                         y[{t}][{c}] = {got}, want {want}"
+                    );
+                }
+            }
+        }
+    }
+}
