@@ -151,6 +151,21 @@ fn strides_for(stored: [usize; 4], keys: KeyAxis) -> [isize; 4] {
     ]
 }
 
+/// Every ISA on every route, and the flash kernel without skipping masked key blocks too.
+fn every_kernel_set() -> Vec<KernelSet> {
+    let choices = [
+        (Route::Auto, true),
+        (Route::Flash, true),
+        (Route::Decode, true),
+        (Route::Flash, false),
+    ];
+    let sets = Isa::available()
+        .into_iter()
+        .map(|isa| KernelSet::for_isa(isa).unwrap());
+    sets.flat_map(|set| choices.map(|(r, ends)| set.with_route(r).with_key_ends(ends)))
+        .collect()
+}
+
 fn run_case(c: &Case) -> Result<(), TestCaseError> {
     let hq = c.hkv * c.ratio;
     let mut rng = SplitMix(c.seed);
@@ -238,19 +253,9 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
     .unwrap();
     let want_view = View4::new(&want_buf, out_dims, ws).unwrap();
 
-    // Every ISA on every route, and the flash kernel without skipping masked key blocks too.
-    let choices = [
-        (Route::Auto, true),
-        (Route::Flash, true),
-        (Route::Decode, true),
-        (Route::Flash, false),
-    ];
-    for (isa, (route, key_ends)) in Isa::available()
-        .into_iter()
-        .flat_map(|isa| choices.map(|c| (isa, c)))
-    {
-        let kernels = KernelSet::for_isa(isa).unwrap();
-        let kernels = kernels.with_route(route).with_key_ends(key_ends);
+    for kernels in every_kernel_set() {
+        let (isa, route) = (kernels.isa(), kernels.decode().route());
+        let key_ends = kernels.flash().key_ends();
         let mut got_buf = vec![f32::NAN; want_buf.len()];
         attention(
             &kernels,
