@@ -8,6 +8,7 @@
 //! - [`projection`]: `MatMul` by a constant weight (the projections) on the `gemm` crate.
 //! - [`layer_norm`]: `LayerNormalization` as one op over rows.
 //! - [`gelu`]: `Gelu` split over the session's threads.
+//! - [`gather`]: `Gather` with its indices checked (tract's indexes without a bounds check).
 //! - [`tensor`]: named tensors, and the inputs a model declares.
 //! - [`plan`]: plans per input shape, kept in a bounded cache.
 //! - [`memory`]: the memory a planned run needs, checked against the session's
@@ -22,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod gather;
 pub mod gelu;
 pub mod layer_norm;
 mod lower;

@@ -30,6 +30,7 @@ pub fn onnx_frontend_with(backend: Backend) -> tract_onnx::Onnx {
     crate::projection::register(&mut onnx.op_register, backend);
     crate::layer_norm::register(&mut onnx.op_register, backend);
     crate::gelu::register(&mut onnx.op_register, backend);
+    crate::gather::register(&mut onnx.op_register);
     onnx
 }
 
