@@ -92,7 +92,7 @@ fn sessions(args: &BenchArgs) -> Result<Bench> {
     )
     .with_context(|| format!("{name}: fusion failed"))?;
     let options = SessionOptions {
-        backend: args.matmul.backend(),
+        attnrt_ops: args.matmul.attnrt_ops(),
         shapes: ShapePolicy::PerShape,
         max_memory: budget,
         ..SessionOptions::default()

@@ -159,12 +159,10 @@ pub enum Matmul {
 }
 
 impl MatmulArgs {
-    /// The runtime backend.
-    pub fn backend(&self) -> attnrt_runtime::Backend {
-        match self.matmul {
-            Matmul::Attnrt => attnrt_runtime::Backend::Attnrt,
-            Matmul::Tract => attnrt_runtime::Backend::Tract,
-        }
+    /// The session switch it sets: `--matmul tract` turns attnrt's projection,
+    /// `LayerNormalization` and `Gelu` ops off (`SessionOptions::attnrt_ops`).
+    pub fn attnrt_ops(&self) -> bool {
+        self.matmul == Matmul::Attnrt
     }
 
     /// The value as written on the command line.

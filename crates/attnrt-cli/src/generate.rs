@@ -151,7 +151,6 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         max_new_tokens: args.max_new_tokens,
         eos_token: args.eos,
         check: args.check.then_some(tol),
-        backend: args.matmul.backend(),
         max_length: args.max_length.map(|n| n as usize),
         sampling: args.sampling.options(args.seed),
     };
@@ -203,7 +202,7 @@ fn open(
     let model = fused.as_ref().map_or(&loaded.model, |f| &f.model);
     let reference = args.check.then_some(&loaded.model);
     let options = SessionOptions {
-        backend: args.matmul.backend(),
+        attnrt_ops: args.matmul.attnrt_ops(),
         max_memory: args.memory.budget(),
         ..SessionOptions::default()
     };

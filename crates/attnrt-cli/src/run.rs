@@ -104,7 +104,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         no_gelu: args.no_gelu,
         tolerance,
         expect_tolerance: None,
-        backend: args.matmul.backend(),
+        attnrt_ops: args.matmul.attnrt_ops(),
         profile: args.profile.profile,
         budget,
     };

@@ -12,28 +12,19 @@
 //! sums (same formula: the mean, the mean of the squared deviations, `1/√(var + ε)`).
 
 use attnrt_kernels::norm::{layer_norm_rows, LayerNorm};
-use tract_onnx::model::{OnnxOpRegister, ParsingContext};
+use tract_onnx::model::ParsingContext;
 use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
-use crate::projection::Backend;
 use crate::tensor::{f32_data, f32_data_mut};
-use crate::tract_parser::Kept;
+use crate::tract_parser::OnnxParser;
 
 /// The name under which [`LayerNormOp`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtLayerNorm";
 
-/// tract-onnx's own `LayerNormalization` parser.
-static TRACT: Kept = Kept::new("LayerNormalization");
-
-/// Registers attnrt's `LayerNormalization` parser (wrapping tract's) when `backend` is
-/// [`Backend::Attnrt`].
-pub fn register(ops: &mut OnnxOpRegister, backend: Backend) {
-    if backend == Backend::Attnrt {
-        TRACT.replace(ops, parse);
-    }
-}
+/// attnrt's `LayerNormalization` parser, wrapping tract's (registered by the op registry).
+pub(crate) static PARSER: OnnxParser = OnnxParser::new("LayerNormalization", parse);
 
 /// tract's parse of the node, wrapped in [`LayerNormRows`] when the node has only its `Y`
 /// output and a f32 `stash_type`; tract's op as it is otherwise.
@@ -41,7 +32,7 @@ fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    let (op, extra, expansion) = TRACT.parse(ctx, node)?;
+    let (op, extra, expansion) = PARSER.parse_as_tract(ctx, node)?;
     let only_y = node.output.iter().skip(1).all(|o| o.is_empty());
     let stash = node
         .get_attr_opt::<DatumType>("stash_type")?

@@ -54,7 +54,7 @@ pub use attnrt_runtime as runtime;
 pub use attnrt_fusion::{Fused, FusionOptions, FusionReport};
 pub use attnrt_onnx::{Limits, ModelProto};
 pub use attnrt_runtime::{
-    Backend, DatumType, NamedTensor, Session, SessionOptions, ShapePolicy, Tensor, Threads,
+    DatumType, NamedTensor, Session, SessionOptions, ShapePolicy, Tensor, Threads,
 };
 
 /// Loads an ONNX model (external data read from the model's folder), under the default
