@@ -9,32 +9,27 @@
 //! only indices computed at run time (embedding lookups) are checked on every run, one pass
 //! over a few integers.
 
-use tract_onnx::model::{OnnxOpRegister, ParsingContext};
+use tract_onnx::model::ParsingContext;
 use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::ops::array::Gather;
 use tract_onnx::tract_core::ops::cast::cast;
 use tract_onnx::tract_hir::internal::*;
 
-use crate::tract_parser::Kept;
+use crate::tract_parser::OnnxParser;
 
 /// The name under which [`CheckedGather`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtGather";
 
-/// tract-onnx's own `Gather` parser (its shape rules).
-static TRACT: Kept = Kept::new("Gather");
-
-/// Registers attnrt's `Gather` parser, whatever the projection backend: an unchecked index is
-/// a panic, never a choice.
-pub fn register(ops: &mut OnnxOpRegister) {
-    TRACT.replace(ops, parse);
-}
+/// attnrt's `Gather` parser, wrapping tract's (registered by the op registry in every session,
+/// whatever its switches: an unchecked index is a panic, never a choice).
+pub(crate) static PARSER: OnnxParser = OnnxParser::new("Gather", parse);
 
 fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    let (op, extra, expansion) = TRACT.parse(ctx, node)?;
+    let (op, extra, expansion) = PARSER.parse_as_tract(ctx, node)?;
     let Some(tract) = expansion else {
         return Ok((op, extra));
     };

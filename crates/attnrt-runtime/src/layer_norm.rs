@@ -12,55 +12,28 @@
 //! sums (same formula: the mean, the mean of the squared deviations, `1/√(var + ε)`).
 
 use attnrt_kernels::norm::{layer_norm_rows, LayerNorm};
-use tract_onnx::model::{OnnxOpRegister, ParsingContext};
+use tract_onnx::model::ParsingContext;
 use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
-use crate::projection::Backend;
 use crate::tensor::{f32_data, f32_data_mut};
-use crate::tract_parser::Kept;
+use crate::tract_parser::OnnxParser;
 
 /// The name under which [`LayerNormOp`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtLayerNorm";
 
-/// tract-onnx's own `LayerNormalization` parser.
-static TRACT: Kept = Kept::new("LayerNormalization");
+/// attnrt's `LayerNormalization` parser, wrapping tract's (registered by the op registry).
+pub(crate) static PARSER: OnnxParser = OnnxParser::new("LayerNormalization", parse);
 
-/// Registers attnrt's `LayerNormalization` parser (wrapping tract's): [`LayerNormOp`] where it
-/// is exact when `backend` is [`Backend::Attnrt`], tract's expansion otherwise; on either
-/// backend the `axis` is checked against X's rank before tract's shape rules see it (they do not
-/// end for an axis far outside it).
-pub fn register(ops: &mut OnnxOpRegister, backend: Backend) {
-    if backend == Backend::Attnrt {
-        TRACT.replace(ops, parse_native);
-    } else {
-        TRACT.replace(ops, parse_checked);
-    }
-}
-
-fn parse_native(
-    ctx: &ParsingContext,
-    node: &NodeProto,
-) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    parse(ctx, node, true)
-}
-
-fn parse_checked(
-    ctx: &ParsingContext,
-    node: &NodeProto,
-) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    parse(ctx, node, false)
-}
-
-/// tract's parse of the node, wrapped in [`LayerNormRows`]; [`LayerNormOp`] is wired when
-/// `native` and the node has only its `Y` output and a f32 `stash_type`.
+/// tract's parse of the node, wrapped in [`LayerNormRows`], which checks the `axis` against X's
+/// rank before tract's shape rules see it (they do not end for an axis far outside it);
+/// [`LayerNormOp`] is wired when the node has only its `Y` output and a f32 `stash_type`.
 fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
-    native: bool,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    let (op, extra, expansion) = TRACT.parse(ctx, node)?;
+    let (op, extra, expansion) = PARSER.parse_as_tract(ctx, node)?;
     let only_y = node.output.iter().skip(1).all(|o| o.is_empty());
     let stash = node
         .get_attr_opt::<DatumType>("stash_type")?
@@ -72,7 +45,7 @@ fn parse(
         node: node.name.clone(),
         axis: node.get_attr_opt("axis")?.unwrap_or(-1),
         epsilon: node.get_attr_opt("epsilon")?.unwrap_or(1e-5),
-        native: native && only_y && stash == DatumType::F32,
+        native: only_y && stash == DatumType::F32,
         tract: expansion,
     };
     Ok((expand(rows), extra))
