@@ -25,10 +25,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use attnrt_benches::graphs::{attention_decode_model, seeded_values, DecodeShape};
-use attnrt_benches::{env_list, machine_note, median, ort, random_input, session, Samples, Table};
+use attnrt_benches::{
+    env_list, machine_note, median, ort, random_input, session, Samples, Table, ATTNRT_OPS,
+};
 use attnrt_kernels::{attention_routed, AttentionParams, Isa, Mask, Route, View4, ViewMut4};
 use attnrt_onnx::{save_model, SaveOptions};
-use attnrt_runtime::{Backend, NamedTensor, Threads};
+use attnrt_runtime::{NamedTensor, Threads};
 use criterion::{criterion_group, criterion_main, Criterion};
 use rayon::prelude::*;
 
@@ -158,7 +160,7 @@ fn decode_inputs(past: usize) -> Vec<NamedTensor> {
 fn bench_op(c: &mut Criterion, threads: &Threads, past: usize) {
     let model = attention_decode_model(SHAPE).expect("decode model");
     let inputs = decode_inputs(past);
-    let s = session(&model, &inputs, threads, "decode step", Backend::Attnrt).expect("session");
+    let s = session(&model, &inputs, threads, "decode step", ATTNRT_OPS).expect("session");
     let mut ys = Vec::new();
     for route in [Route::Decode, Route::Flash] {
         Route::set_current(route);

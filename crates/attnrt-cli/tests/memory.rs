@@ -11,7 +11,8 @@ use common::{attnrt, model};
 use std::path::PathBuf;
 use std::process::Output;
 
-use attnrt_onnx::{DataType, Message, ModelProto};
+use ::attnrt::onnx::DataType;
+use ::attnrt::{Message, ModelProto};
 use attnrt_testkit::{model as onnx_model, node, node_with_attrs, value_info, GraphBuilder};
 
 /// Exit code 1 and exactly one stderr line, `error: ...`, holding every needle.
@@ -42,7 +43,7 @@ fn outer_product() -> ModelProto {
         "Transpose",
         &["x"],
         &["xt"],
-        vec![attnrt_onnx::attr::make_ints("perm", &[1, 0])],
+        vec![::attnrt::onnx::attr::make_ints("perm", &[1, 0])],
     ));
     g.node(node("outer", "MatMul", &["xt", "x"], &["y"]));
     g.output(value_info("y", DataType::Float, &["rows", "cols"]));
@@ -62,7 +63,7 @@ fn huge_input() -> ModelProto {
         "Cast",
         &["input_ids"],
         &["y"],
-        vec![attnrt_onnx::attr::make_int("to", DataType::Float as i64)],
+        vec![::attnrt::onnx::attr::make_int("to", DataType::Float as i64)],
     ));
     g.output(value_info("y", DataType::Float, &["rows", "cols"]));
     onnx_model(g.finish(), 17)
