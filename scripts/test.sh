@@ -18,6 +18,8 @@ source scripts/python-env.sh
 # Every build below (the workspace's tests, the examples, the wheel) sees one feature set, so
 # tract is compiled once (crates/attnrt-unify pins it; this fails when a selection differs).
 python3 scripts/check_features.py
+# No import cycle between a crate's files, no function over 120 lines (outside SIMD bodies).
+python3 scripts/check_structure.py
 # A one-off build gains nothing from incremental compilation and would keep ≈ 0.3 GB of its state.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 cargo test --workspace --locked
