@@ -132,7 +132,10 @@ impl Op for CheckedGather {
     }
 
     fn info(&self) -> TractResult<Vec<String>> {
-        Ok(vec![format!("node {}: axis {}", self.node, self.gather.axis)])
+        Ok(vec![format!(
+            "node {}: axis {}",
+            self.node, self.gather.axis
+        )])
     }
 
     op_as_typed_op!();
@@ -168,7 +171,6 @@ impl TypedOp for CheckedGather {
             return Ok(None);
         };
         self.check(konst, extent)?;
-        TypedModelPatch::replace_single_op(model, node, &node.inputs, self.gather.clone())
-            .map(Some)
+        TypedModelPatch::replace_single_op(model, node, &node.inputs, self.gather.clone()).map(Some)
     }
 }

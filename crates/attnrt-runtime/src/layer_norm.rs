@@ -114,7 +114,11 @@ impl LayerNormRows {
                 self.axis
             );
         }
-        Ok(if self.axis < 0 { self.axis + r } else { self.axis } as usize)
+        Ok(if self.axis < 0 {
+            self.axis + r
+        } else {
+            self.axis
+        } as usize)
     }
 
     /// [`LayerNormOp`] for these inputs, or `None` when it would not be exact.

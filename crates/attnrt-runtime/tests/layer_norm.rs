@@ -215,7 +215,10 @@ fn an_axis_outside_the_rank_is_an_error_naming_the_node() {
         let built = Session::build_with_options(&m, &[x], &threads, "ln.onnx", &options);
         let err = format!("{:#}", built.err().expect("an axis outside the rank plans"));
         assert!(err.contains("/encoder/LayerNorm"), "axis {axis}: {err}");
-        assert!(err.contains(&format!("axis {axis} is outside [-3, 3)")), "axis {axis}: {err}");
+        assert!(
+            err.contains(&format!("axis {axis} is outside [-3, 3)")),
+            "axis {axis}: {err}"
+        );
         assert!(!err.contains("panic"), "axis {axis}: {err}");
     }
 }

@@ -40,7 +40,11 @@ fn an_index_past_the_table_names_the_node() {
         .unwrap()
         .to_vec();
     assert_eq!(got, [6.0, 7.0]);
-    for (bad, range) in [(9, "index 9 is outside [-4, 4)"), (4, "index 4"), (-5, "index -5")] {
+    for (bad, range) in [
+        (9, "index 9 is outside [-4, 4)"),
+        (4, "index 4"),
+        (-5, "index -5"),
+    ] {
         let err = format!("{:#}", s.run(&[ids(bad)]).unwrap_err());
         assert!(err.contains("/wpe/Gather"), "{err}");
         assert!(err.contains("lookup.onnx"), "{err}");
@@ -49,7 +53,13 @@ fn an_index_past_the_table_names_the_node() {
     }
     // the last row from the end is in range
     let y = s.run(&[ids(-1)]).unwrap();
-    let got = y[0].tensor.try_as_plain_ram().unwrap().as_slice::<f32>().unwrap().to_vec();
+    let got = y[0]
+        .tensor
+        .try_as_plain_ram()
+        .unwrap()
+        .as_slice::<f32>()
+        .unwrap()
+        .to_vec();
     assert_eq!(got, [6.0, 7.0]);
 }
 
@@ -61,7 +71,11 @@ fn a_constant_index_past_the_table_fails_the_build_naming_the_node() {
     for (index, ok) in [(3i64, true), (-4, true), (4, false)] {
         let mut g = GraphBuilder::new("lookup");
         g.input(float_value("x", &[1, 2]));
-        g.initializer(tensor_f32("table", &[4, 2], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]));
+        g.initializer(tensor_f32(
+            "table",
+            &[4, 2],
+            &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0],
+        ));
         g.initializer(tensor_i64("ids", &[1], &[index]));
         g.node(node("/wpe/Gather", "Gather", &["table", "ids"], &["row"]));
         g.node(node("/add", "Add", &["row", "x"], &["y"]));
@@ -76,13 +90,22 @@ fn a_constant_index_past_the_table_fails_the_build_naming_the_node() {
                     tensor: Tensor::from_shape(&[1, 2], &[0.0f32, 0.0]).unwrap(),
                 };
                 let y = s.run(&[x]).unwrap();
-                let got = y[0].tensor.try_as_plain_ram().unwrap().as_slice::<f32>().unwrap().to_vec();
+                let got = y[0]
+                    .tensor
+                    .try_as_plain_ram()
+                    .unwrap()
+                    .as_slice::<f32>()
+                    .unwrap()
+                    .to_vec();
                 let row = index.rem_euclid(4) as f32;
                 assert_eq!(got, [2.0 * row, 2.0 * row + 1.0], "index {index}");
             }
             (Err(e), false) => {
                 let err = format!("{e:#}");
-                assert!(err.contains("/wpe/Gather") && !err.contains("panic"), "{err}");
+                assert!(
+                    err.contains("/wpe/Gather") && !err.contains("panic"),
+                    "{err}"
+                );
             }
             (built, _) => panic!("index {index}: built = {:?}", built.err()),
         }

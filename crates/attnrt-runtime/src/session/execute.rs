@@ -52,7 +52,8 @@ impl Session {
         let started = std::time::Instant::now();
         let plan = self.threads.install(|| {
             guarded(&self.what, || {
-                Plan::build(&self.parsed, key, &self.threads).with_context(|| {
+                let budget = &self.options.max_memory;
+                Plan::build(&self.parsed, key, &self.threads, budget).with_context(|| {
                     format!("{}: planning for input shapes {}", self.what, key_str(key))
                 })
             })
