@@ -15,6 +15,11 @@ cd "$(dirname "$0")/.."
 source scripts/python-env.sh
 
 "$ATTNRT_PYTHON" tests/python/test_ort_check.py
+# Every build below (the workspace's tests, the examples, the wheel) sees one feature set, so
+# tract is compiled once (crates/attnrt-unify pins it; this fails when a selection differs).
+python3 scripts/check_features.py
+# No import cycle between a crate's files, no function over 120 lines (outside SIMD bodies).
+python3 scripts/check_structure.py
 # A one-off build gains nothing from incremental compilation and would keep ≈ 0.3 GB of its state.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 cargo test --workspace --locked
@@ -24,6 +29,8 @@ cargo build --workspace --examples --locked -q
 target/debug/examples/fuse_and_run models/bert_eager.ts.onnx \
   models/bert_eager.inputs.npz models/bert_eager.outputs.npz
 target/debug/examples/explain models/gpt2_cache_eager.ts.onnx >/dev/null
+# The API documentation builds without a warning (broken or private intra-doc links).
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked -q
 # The Python package: an abi3 wheel (dev profile: it reuses the build above), installed into the
 # test venv, tested with pytest.
 "$ATTNRT_PYTHON" -m maturin build -q --locked --profile dev -m crates/attnrt-python/Cargo.toml \

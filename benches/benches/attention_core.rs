@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 use attnrt_benches::graphs::{attention_chain_model, attention_op_model, seeded_values};
 use attnrt_benches::{
     attention_flops, check_same_output, core_inputs, env_list, fmt_opt, machine_note,
-    measured_fma_peak_gflops, process_cpu_seconds, session, CoreLayout, Samples, Table,
-    BERT_BASE_ATTENTION,
+    measured_fma_peak_gflops, process_cpu_seconds, session, CoreLayout, Samples, Table, ATTNRT_OPS,
+    BERT_BASE_ATTENTION, TRACT_OPS,
 };
 use attnrt_kernels::{attention, AttentionParams, KernelSet, Mask, View4, ViewMut4};
-use attnrt_runtime::{Backend, NamedTensor, Tensor, Threads};
+use attnrt_runtime::{NamedTensor, Tensor, Threads};
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
@@ -115,13 +115,13 @@ fn benches(c: &mut Criterion) {
             g.warm_up_time(Duration::from_millis(if len >= 2048 { 1500 } else { 500 }));
             g.measurement_time(Duration::from_secs(if len >= 2048 { 8 } else { 3 }));
 
-            for (path, model, backend) in [
-                ("fused", &fused_model, Backend::Attnrt),
-                ("unfused", &chain_model, Backend::Tract),
+            for (path, model, attnrt_ops) in [
+                ("fused", &fused_model, ATTNRT_OPS),
+                ("unfused", &chain_model, TRACT_OPS),
             ] {
                 let name = case(path, t, len);
                 g.bench_function(BenchmarkId::new(path, len), |b| {
-                    let s = session(model, &inputs, &threads, &name, backend).expect("session");
+                    let s = session(model, &inputs, &threads, &name, attnrt_ops).expect("session");
                     let first = s.run(&inputs).expect("first run");
                     OUTPUTS.with(|o| o.borrow_mut().insert(name.clone(), first));
                     timed(b, &name, || {

@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use attnrt_benches::graphs::bert_encoder_model;
 use attnrt_benches::{
     check_same_output, env_list, fmt_opt, fuse_expecting, machine_note, random_input, session,
-    EncoderShape, Samples, Table, BERT_BASE_ATTENTION,
+    EncoderShape, Samples, Table, ATTNRT_OPS, BERT_BASE_ATTENTION, TRACT_OPS,
 };
 use attnrt_onnx::{load_model, Limits, ModelProto};
-use attnrt_runtime::{Backend, NamedTensor, Tensor, Threads};
+use attnrt_runtime::{NamedTensor, Tensor, Threads};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode};
 
 thread_local! {
@@ -128,14 +128,14 @@ fn benches(c: &mut Criterion) {
             500
         }));
         g.measurement_time(Duration::from_secs(if case.len >= 2048 { 10 } else { 3 }));
-        for (path, model, backend) in [
-            ("fused", &case.fused, Backend::Attnrt),
-            ("unfused_attnrt", &case.unfused, Backend::Attnrt),
-            ("unfused", &case.unfused, Backend::Tract),
+        for (path, model, attnrt_ops) in [
+            ("fused", &case.fused, ATTNRT_OPS),
+            ("unfused_attnrt", &case.unfused, ATTNRT_OPS),
+            ("unfused", &case.unfused, TRACT_OPS),
         ] {
             let name = format!("{}/{path}", case.id);
             g.bench_function(BenchmarkId::new(path, &case.id), |b| {
-                let s = session(model, &case.inputs, &threads, &name, backend).expect("session");
+                let s = session(model, &case.inputs, &threads, &name, attnrt_ops).expect("session");
                 OUTPUTS.with(|o| {
                     o.borrow_mut()
                         .insert(name.clone(), s.run(&case.inputs).expect("first run"))

@@ -26,10 +26,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use attnrt_benches::graphs::{attention_decode_model, seeded_values, DecodeShape};
-use attnrt_benches::{env_list, machine_note, median, ort, random_input, session, Samples, Table};
+use attnrt_benches::{
+    env_list, machine_note, median, ort, random_input, session, Samples, Table, ATTNRT_OPS,
+};
 use attnrt_kernels::{attention, AttentionParams, KernelSet, Mask, Route, View4, ViewMut4};
 use attnrt_onnx::{save_model, SaveOptions};
-use attnrt_runtime::{Backend, NamedTensor, Threads};
+use attnrt_runtime::{NamedTensor, Threads};
 use criterion::{criterion_group, criterion_main, Criterion};
 use rayon::prelude::*;
 
@@ -162,7 +164,7 @@ fn bench_op(c: &mut Criterion, threads: &Threads, past: usize) {
     for route in [Route::Decode, Route::Flash] {
         // A session takes the route when it is built.
         Route::set_current(route);
-        let s = session(&model, &inputs, threads, "decode step", Backend::Attnrt).expect("session");
+        let s = session(&model, &inputs, threads, "decode step", ATTNRT_OPS).expect("session");
         let name = format!("op/{}/P{past}", route.name());
         let first = s.run(&inputs).expect("first run");
         ys.push(first.into_iter().next().expect("y").tensor);

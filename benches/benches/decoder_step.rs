@@ -25,7 +25,7 @@ use attnrt::generate::DecoderSignature;
 use attnrt_benches::ort::{self, OrtServer};
 use attnrt_benches::{env_list, fmt_opt, machine_note, median, quartiles, Table};
 use attnrt_onnx::ModelProto;
-use attnrt_runtime::{Backend, NamedTensor, Session, SessionOptions, ShapePolicy, Tensor, Threads};
+use attnrt_runtime::{NamedTensor, Session, SessionOptions, ShapePolicy, Tensor, Threads};
 
 /// The allocator the shipped CLI and Python module use (`--no-default-features`: the system's).
 #[cfg(feature = "mimalloc")]
@@ -92,7 +92,6 @@ fn open_session(
     what: &str,
 ) -> Result<Session> {
     let options = SessionOptions {
-        backend: Backend::Attnrt,
         shapes: ShapePolicy::DynamicDims(signature.dynamic_dims()),
         ..SessionOptions::default()
     };

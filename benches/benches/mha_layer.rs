@@ -3,10 +3,10 @@
 //!
 //! * `unfused`: the layer as the TorchScript exporter writes it (projections, Reshape/Transpose
 //!   head split, MatMul, Mul, Softmax, MatMul, head merge, output projection), run by tract
-//!   as tract-onnx runs it (its own matmuls, [`Backend::Tract`]): the peer baseline;
+//!   as tract-onnx runs it (its own matmuls, `TRACT_OPS`): the peer baseline;
 //! * `fused`: `attnrt_fusion::fuse` of that model (the attention becomes one 3-D `Attention`
 //!   node on attnrt's kernel) run as `attnrt run` does: the projections on attnrt's
-//!   `gemm`-backed op ([`Backend::Attnrt`]);
+//!   `gemm`-backed op (`ATTNRT_OPS`);
 //! * `fused_tract_mm` / `unfused_attnrt`: the fused model with tract's matmuls, and the unfused
 //!   model with attnrt's projections — what the fusion alone and the projections alone bring;
 //! * ONNX Runtime: `benches/python/ort_bench.py` builds the same layer with the onnx helper, as
@@ -35,9 +35,10 @@ use std::time::{Duration, Instant};
 use attnrt_benches::graphs::mha_layer_model;
 use attnrt_benches::{
     attention_flops, check_same_output, env_list, fmt_opt, fuse_expecting, machine_note, median,
-    ort, quartiles, random_input, session, Samples, Table, BERT_BASE_ATTENTION,
+    ort, quartiles, random_input, session, Samples, Table, ATTNRT_OPS, BERT_BASE_ATTENTION,
+    TRACT_OPS,
 };
-use attnrt_runtime::{Backend, NamedTensor, Threads};
+use attnrt_runtime::{NamedTensor, Threads};
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
@@ -89,15 +90,15 @@ fn benches(c: &mut Criterion) {
         g.sampling_mode(SamplingMode::Flat);
         g.warm_up_time(Duration::from_millis(if len >= 2048 { 1500 } else { 500 }));
         g.measurement_time(Duration::from_secs(if len >= 2048 { 8 } else { 3 }));
-        for (path, model, backend) in [
-            ("fused", &fused, Backend::Attnrt),
-            ("fused_tract_mm", &fused, Backend::Tract),
-            ("unfused_attnrt", &unfused, Backend::Attnrt),
-            ("unfused", &unfused, Backend::Tract),
+        for (path, model, attnrt_ops) in [
+            ("fused", &fused, ATTNRT_OPS),
+            ("fused_tract_mm", &fused, TRACT_OPS),
+            ("unfused_attnrt", &unfused, ATTNRT_OPS),
+            ("unfused", &unfused, TRACT_OPS),
         ] {
             let name = case(path, t, len);
             g.bench_function(BenchmarkId::new(path, len), |b| {
-                let s = session(model, &inputs, threads, &name, backend).expect("session");
+                let s = session(model, &inputs, threads, &name, attnrt_ops).expect("session");
                 OUTPUTS.with(|o| {
                     o.borrow_mut()
                         .insert(name.clone(), s.run(&inputs).expect("first run"))
@@ -240,8 +241,8 @@ fn paired_rounds(
         let threads = &pools[&t];
         let inputs = vec![random_input("x", &[1, len, 768], 5).expect("input")];
         let name = case("paired", t, len);
-        let f = session(fused, &inputs, threads, &name, Backend::Attnrt).expect("session");
-        let u = session(unfused, &inputs, threads, &name, Backend::Tract).expect("session");
+        let f = session(fused, &inputs, threads, &name, ATTNRT_OPS).expect("session");
+        let u = session(unfused, &inputs, threads, &name, TRACT_OPS).expect("session");
         let mut server = if with_ort {
             match ort::OrtServer::start("attention_op", len, t) {
                 Ok(s) => s,

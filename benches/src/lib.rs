@@ -21,7 +21,7 @@ use anyhow::{bail, ensure, Context, Result};
 use attnrt::harness::{diff_tensor, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::ModelProto;
-use attnrt_runtime::{Backend, NamedTensor, Session, Tensor, Threads};
+use attnrt_runtime::{NamedTensor, Session, SessionOptions, Tensor, Threads};
 
 pub use graphs::{AttentionShape, CoreLayout, EncoderShape};
 
@@ -114,17 +114,29 @@ pub fn check_same_output(
 
 /// Builds a session for `model` on `inputs`, naming the model in errors (the same path as
 /// `attnrt run`: shapes come from the given inputs, declared `value_info` shapes are ignored).
-/// `backend` runs the constant-weight `MatMul`s: [`Backend::Attnrt`] as `attnrt run` does,
-/// [`Backend::Tract`] as plain tract-onnx does (the peer baseline).
+/// `attnrt_ops` ([`SessionOptions::attnrt_ops`]): the projections, `LayerNormalization` and
+/// `Gelu` on attnrt's ops as `attnrt run` runs them ([`ATTNRT_OPS`]), or on tract's as plain
+/// tract-onnx does ([`TRACT_OPS`], the peer baseline).
 pub fn session(
     model: &ModelProto,
     inputs: &[NamedTensor],
     threads: &Threads,
     what: &str,
-    backend: Backend,
+    attnrt_ops: bool,
 ) -> Result<Session> {
-    Session::build_with(model, inputs, threads, what, backend)
+    let options = SessionOptions {
+        attnrt_ops,
+        ..SessionOptions::per_shape()
+    };
+    Session::build_with_options(model, inputs, threads, what, &options)
 }
+
+/// [`session`]'s `attnrt_ops` as `attnrt run` runs a model: attnrt's projection,
+/// `LayerNormalization` and `Gelu` ops.
+pub const ATTNRT_OPS: bool = true;
+
+/// [`session`]'s `attnrt_ops` for the peer baseline: tract's own ops, as plain tract-onnx.
+pub const TRACT_OPS: bool = false;
 
 /// A comma-separated list of numbers from environment variable `var`, or `default` when unset.
 /// Lets a user run a subset, e.g. `ATTNRT_BENCH_LENS=128,512 cargo bench ...`.
@@ -379,7 +391,7 @@ mod tests {
 
     fn run(model: &ModelProto, inputs: &[NamedTensor], what: &str) -> Vec<NamedTensor> {
         let threads = Threads::new(Some(1)).unwrap();
-        session(model, inputs, &threads, what, Backend::default())
+        session(model, inputs, &threads, what, ATTNRT_OPS)
             .unwrap()
             .run(inputs)
             .unwrap()

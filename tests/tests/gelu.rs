@@ -12,7 +12,7 @@ use std::process::Command;
 use attnrt::harness::{diff_outputs, write_npz, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{save_model, SaveOptions};
-use attnrt_runtime::{run_once, Backend, NamedTensor, Tensor, Threads};
+use attnrt_runtime::{run_once, NamedTensor, Tensor, Threads};
 use attnrt_testkit::gelu::{gelu_model, GeluForm, Product};
 use attnrt_tests::{python, repo_root};
 
@@ -49,8 +49,8 @@ fn fused_gelu_matches_the_unfused_graph() {
         let model = gelu_model(form, product, false, 16);
         let fused = fuse(&model, &FusionOptions::default()).unwrap();
         assert_eq!(fused.report.activations.len(), 1, "{what}: not fused");
-        let unfused = run_once(&model, &inputs, &threads, &what, Backend::default()).unwrap();
-        let out = run_once(&fused.model, &inputs, &threads, &what, Backend::default()).unwrap();
+        let unfused = run_once(&model, &inputs, &threads, &what).unwrap();
+        let out = run_once(&fused.model, &inputs, &threads, &what).unwrap();
         for d in diff_outputs(&out.outputs, &unfused.outputs, FUSED_VS_UNFUSED) {
             println!(
                 "{what}: max_abs {:.2e} max_rel {:.2e}",

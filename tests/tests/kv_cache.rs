@@ -12,7 +12,7 @@ use std::process::Command;
 use attnrt::harness::{diff_outputs, write_npz, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{save_model, ModelProto, SaveOptions};
-use attnrt_runtime::{run_once, Backend, NamedTensor, Tensor, Threads};
+use attnrt_runtime::{run_once, NamedTensor, Tensor, Threads};
 use attnrt_testkit::cache_block::{cache_block, CacheMask, D_MODEL, HEADS, HEAD_SIZE};
 use attnrt_testkit::seeded_values;
 use attnrt_tests::{python, repo_root};
@@ -83,9 +83,9 @@ fn cache_layers_fuse_and_match_the_unfused_graph_at_every_step() {
         for (past, new) in STEPS {
             let what = format!("{mask:?} past {past} new {new}");
             let inputs = inputs(mask, past, new);
-            let unfused = run_once(&model, &inputs, &threads, &what, Backend::default())
+            let unfused = run_once(&model, &inputs, &threads, &what)
                 .unwrap_or_else(|e| panic!("{what}: unfused run: {e:#}"));
-            let out = run_once(&fused, &inputs, &threads, &what, Backend::default())
+            let out = run_once(&fused, &inputs, &threads, &what)
                 .unwrap_or_else(|e| panic!("{what}: fused run: {e:#}"));
             assert_eq!(
                 out.ops.attention, 1,

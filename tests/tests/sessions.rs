@@ -16,7 +16,7 @@ use attnrt::harness::{diff_outputs, prepare_inputs, read_npz_tensors, InputOptio
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, Limits, ModelProto};
 use attnrt_runtime::{
-    declared_inputs, run_once, Backend, DeclaredDim, NamedTensor, Session, SessionOptions, Threads,
+    declared_inputs, run_once, DeclaredDim, NamedTensor, Session, SessionOptions, Threads,
 };
 use attnrt_tests::{manifest, models_dir};
 
@@ -92,7 +92,7 @@ fn serve(
         let got = session
             .run(inputs)
             .unwrap_or_else(|e| panic!("{what} case {i}: {e:#}"));
-        let want = run_once(model, inputs, threads, what, Backend::default())
+        let want = run_once(model, inputs, threads, what)
             .unwrap_or_else(|e| panic!("{what} case {i} (per-shape): {e:#}"))
             .outputs;
         for d in diff_outputs(&got, &want, SAME_OPS).iter().filter(|d| !d.ok) {

@@ -8,7 +8,7 @@
 
 use attnrt::harness::{diff_outputs, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
-use attnrt_runtime::{run_once, Backend, NamedTensor, Tensor, Threads};
+use attnrt_runtime::{run_once, NamedTensor, Tensor, Threads};
 use attnrt_testkit::blocks::{skip_block, Skip, SkipAt, D_MODEL};
 use attnrt_testkit::seeded_values;
 
@@ -54,9 +54,9 @@ fn blocks_with_skip_through_nodes_fuse_and_match_the_unfused_graph() {
         let model = skip_block(&skips);
         let fused = fuse(&model, &FusionOptions::default()).unwrap();
         assert_eq!(fused.report.blocks.len(), 1, "{what}: not fused");
-        let unfused = run_once(&model, &inputs, &threads, &what, Backend::default())
+        let unfused = run_once(&model, &inputs, &threads, &what)
             .unwrap_or_else(|e| panic!("{what}: unfused run: {e:#}"));
-        let out = run_once(&fused.model, &inputs, &threads, &what, Backend::default())
+        let out = run_once(&fused.model, &inputs, &threads, &what)
             .unwrap_or_else(|e| panic!("{what}: fused run: {e:#}"));
         assert_eq!(
             out.ops.attention, 1,

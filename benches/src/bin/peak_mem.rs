@@ -23,10 +23,10 @@ use attnrt_benches::alloc::{self, CountingAlloc};
 use attnrt_benches::graphs::{attention_op_model, mha_layer_model, seeded_values};
 use attnrt_benches::{
     core_inputs, fuse_expecting, machine_note, random_input, session, CoreLayout, Table,
-    BERT_BASE_ATTENTION,
+    ATTNRT_OPS, BERT_BASE_ATTENTION, TRACT_OPS,
 };
 use attnrt_kernels::{attention, scratch_bytes, AttentionParams, KernelSet, Mask, View4, ViewMut4};
-use attnrt_runtime::{Backend, NamedTensor, Threads};
+use attnrt_runtime::{NamedTensor, Threads};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -92,9 +92,9 @@ fn session_peak(
     inputs: &[NamedTensor],
     threads: &Threads,
     what: &str,
-    backend: Backend,
+    attnrt_ops: bool,
 ) -> Result<(usize, f64)> {
-    let s = session(model, inputs, threads, what, backend)?;
+    let s = session(model, inputs, threads, what, attnrt_ops)?;
     let mut worst = 0;
     let mut ms = f64::INFINITY;
     for _ in 0..2 {
@@ -165,13 +165,7 @@ fn main() -> Result<()> {
     ]);
     for &len in &opts.lens {
         let x = vec![random_input("x", &[1, len, shape.hidden()], 5)?];
-        let (f, f_ms) = session_peak(
-            &fused,
-            &x,
-            &threads,
-            &format!("fused L={len}"),
-            Backend::Attnrt,
-        )?;
+        let (f, f_ms) = session_peak(&fused, &x, &threads, &format!("fused L={len}"), ATTNRT_OPS)?;
         let u = match opts.skip_unfused_above {
             Some(max) if len > max => None,
             _ => Some(session_peak(
@@ -179,7 +173,7 @@ fn main() -> Result<()> {
                 &x,
                 &threads,
                 &format!("unfused L={len}"),
-                Backend::Tract,
+                TRACT_OPS,
             )?),
         };
         let qkv = core_inputs(shape, CoreLayout::ThreeD, len, 1)?;
@@ -188,7 +182,7 @@ fn main() -> Result<()> {
             &qkv,
             &threads,
             &format!("Attention op L={len}"),
-            Backend::Attnrt,
+            ATTNRT_OPS,
         )?;
         drop(qkv);
         let k = kernel_peak(len, threads.count())?;

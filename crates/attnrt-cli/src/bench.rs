@@ -4,8 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use attnrt::harness::{time_paired, time_paired_profiled, PairedTiming};
-use attnrt_fusion::FusionOptions;
-use attnrt_runtime::{Profile, Session, SessionOptions, ShapePolicy};
+use attnrt::{FusionOptions, Profile, Session, SessionOptions, ShapePolicy};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -56,7 +55,7 @@ struct Bench {
     fused: Session,
     unfused: Session,
     prepared: attnrt::harness::PreparedInputs,
-    threads: attnrt_runtime::Threads,
+    threads: attnrt::Threads,
 }
 
 /// Runs the command.
@@ -83,7 +82,7 @@ fn sessions(args: &BenchArgs) -> Result<Bench> {
     let budget = args.memory.budget();
     let prepared = args.input.prepare(&loaded, &limits, &budget)?;
     let threads = threads(args.threads)?;
-    let fused = attnrt_fusion::fuse(
+    let fused = attnrt::fuse_with(
         &loaded.model,
         &FusionOptions {
             strict: args.strict,
@@ -92,7 +91,7 @@ fn sessions(args: &BenchArgs) -> Result<Bench> {
     )
     .with_context(|| format!("{name}: fusion failed"))?;
     let options = SessionOptions {
-        backend: args.matmul.backend(),
+        attnrt_ops: args.matmul.attnrt_ops(),
         shapes: ShapePolicy::PerShape,
         max_memory: budget,
         ..SessionOptions::default()
@@ -163,7 +162,7 @@ fn json_report(
         "ops": {
             "fused": crate::common::ops_json(&b.fused.op_counts()),
             "unfused": crate::common::ops_json(&b.unfused.op_counts()),
-            "kernel_isa": attnrt_runtime::kernel_isa(),
+            "kernel_isa": attnrt::kernel_isa(),
         },
         "profile": profiles.map(|[f, u]| json!({
             "fused": args.profile.json(Some(f)),

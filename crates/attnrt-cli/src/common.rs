@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use attnrt::harness::{InputOptions, PreparedInputs};
-use attnrt_onnx::{Limits, LoadedModel, MemoryBudget};
+use attnrt::{Limits, LoadedModel, MemoryBudget, OpCounts, Threads};
 use clap::Args;
 
 /// Limits on what a model may make attnrt do (issue: hostile models).
@@ -137,7 +137,7 @@ impl InputArgs {
 
 /// Loads a model (external data inlined), with the path in every error.
 pub fn load(path: &std::path::Path, limits: &Limits) -> Result<LoadedModel> {
-    attnrt_onnx::load_model(path, limits)
+    attnrt::load_model(path, limits)
 }
 
 /// `--matmul`: which implementation runs the `MatMul`s by a constant weight (the projections).
@@ -159,12 +159,10 @@ pub enum Matmul {
 }
 
 impl MatmulArgs {
-    /// The runtime backend.
-    pub fn backend(&self) -> attnrt_runtime::Backend {
-        match self.matmul {
-            Matmul::Attnrt => attnrt_runtime::Backend::Attnrt,
-            Matmul::Tract => attnrt_runtime::Backend::Tract,
-        }
+    /// The session switch it sets: `--matmul tract` turns attnrt's projection,
+    /// `LayerNormalization` and `Gelu` ops off (`SessionOptions::attnrt_ops`).
+    pub fn attnrt_ops(&self) -> bool {
+        self.matmul == Matmul::Attnrt
     }
 
     /// The value as written on the command line.
@@ -177,8 +175,8 @@ impl MatmulArgs {
 }
 
 /// `--threads`: `None` = all cores.
-pub fn threads(n: Option<usize>) -> Result<attnrt_runtime::Threads> {
-    attnrt_runtime::Threads::new(n)
+pub fn threads(n: Option<usize>) -> Result<Threads> {
+    Threads::new(n)
 }
 
 /// A one-line description of the dims bindings (`batch=1 (default), sequence=16 (--dim)`).
@@ -194,7 +192,7 @@ pub fn dims_line(p: &PreparedInputs) -> String {
 }
 
 /// `{"attention": n, "projection": n, "tract": n}`: what a planned graph runs, for `--json`.
-pub fn ops_json(c: &attnrt_runtime::OpCounts) -> serde_json::Value {
+pub fn ops_json(c: &OpCounts) -> serde_json::Value {
     serde_json::json!({"attention": c.attention, "projection": c.projection, "tract": c.tract})
 }
 

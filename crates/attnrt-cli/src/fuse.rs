@@ -3,8 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use attnrt_fusion::FusionOptions;
-use attnrt_onnx::SaveOptions;
+use attnrt::{FusionOptions, SaveOptions};
 use clap::Args;
 use serde_json::json;
 
@@ -91,7 +90,7 @@ pub fn fuse(args: FuseArgs) -> Result<()> {
             loaded.external_files.join(", ")
         );
     }
-    let fused = attnrt_fusion::fuse(
+    let fused = attnrt::fuse_with(
         &loaded.model,
         &FusionOptions {
             strict: args.strict,
@@ -103,13 +102,13 @@ pub fn fuse(args: FuseArgs) -> Result<()> {
         external_threshold: args.external_data_threshold,
         skip_validation: false,
     };
-    attnrt_onnx::save_model(&fused.model, &output, &save)?;
+    attnrt::save_model(&fused.model, &output, &save)?;
 
     let mut dot_files = Vec::new();
     if let Some(dir) = &args.dot {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         for (i, b) in fused.report.blocks.iter().enumerate() {
-            let text = attnrt_fusion::block_dot(&loaded.model, &fused, i);
+            let text = attnrt::block_dot(&loaded.model, &fused, i);
             let file_name: String = b
                 .node
                 .chars()
@@ -122,7 +121,7 @@ pub fn fuse(args: FuseArgs) -> Result<()> {
                 })
                 .collect();
             let path = dir.join(format!("{i:02}_{file_name}.dot"));
-            attnrt_onnx::save::write_atomic(&path, text.as_bytes())?;
+            attnrt::write_atomic(&path, text.as_bytes())?;
             dot_files.push(path.display().to_string());
         }
     }

@@ -15,13 +15,11 @@ use attnrt::generate::{
     StopReason,
 };
 use attnrt::harness::Tolerance;
-use attnrt_fusion::FusionOptions;
+use attnrt::{FusionReport, SessionOptions, Threads};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-
-use attnrt_runtime::SessionOptions;
 
 use crate::common::{load, threads, LimitArgs, MatmulArgs, MemoryArgs};
 
@@ -151,7 +149,6 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         max_new_tokens: args.max_new_tokens,
         eos_token: args.eos,
         check: args.check.then_some(tol),
-        backend: args.matmul.backend(),
         max_length: args.max_length.map(|n| n as usize),
         sampling: args.sampling.options(args.seed),
     };
@@ -189,21 +186,18 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
 fn open(
     args: &GenerateArgs,
     name: &str,
-    threads: &attnrt_runtime::Threads,
-) -> Result<(Generator, Option<attnrt_fusion::FusionReport>)> {
+    threads: &Threads,
+) -> Result<(Generator, Option<FusionReport>)> {
     let loaded = load(&args.model, &args.limits.limits())?;
     let fused = if args.no_fuse {
         None
     } else {
-        Some(
-            attnrt_fusion::fuse(&loaded.model, &FusionOptions::default())
-                .with_context(|| format!("{name}: fusion failed"))?,
-        )
+        Some(attnrt::fuse(&loaded.model).with_context(|| format!("{name}: fusion failed"))?)
     };
     let model = fused.as_ref().map_or(&loaded.model, |f| &f.model);
     let reference = args.check.then_some(&loaded.model);
     let options = SessionOptions {
-        backend: args.matmul.backend(),
+        attnrt_ops: args.matmul.attnrt_ops(),
         max_memory: args.memory.budget(),
         ..SessionOptions::default()
     };
@@ -215,7 +209,7 @@ fn open(
 struct Shown<'a> {
     name: &'a str,
     blocks: usize,
-    fusion: Option<&'a attnrt_fusion::FusionReport>,
+    fusion: Option<&'a FusionReport>,
     generator: &'a Generator,
     threads: usize,
 }

@@ -59,7 +59,7 @@ const EXIT_INTERNAL: i32 = 70;
 fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         // Panics inside tract calls are caught by the runtime and reported as errors.
-        if attnrt_runtime::panic_is_guarded() {
+        if attnrt::panic_is_guarded() {
             return;
         }
         let msg = info

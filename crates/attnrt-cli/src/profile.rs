@@ -1,6 +1,6 @@
 //! `--profile`: where each path's time goes, per op kind and for the slowest nodes.
 
-use attnrt_runtime::{Profile, ProfileReport};
+use attnrt::{Profile, ProfileReport};
 use clap::Args;
 
 /// Flags of `run` and `bench` that ask for a profile.

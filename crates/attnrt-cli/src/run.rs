@@ -8,7 +8,7 @@ use attnrt::harness::{
     compare, read_npz_tensors, summarize, write_npz, CompareOptions, Comparison, OutputDiff,
     PathRun, PreparedInputs, Tolerance, ToleranceChoice,
 };
-use attnrt_runtime::{dtype_name, Threads};
+use attnrt::{dtype_name, Threads};
 use clap::Args;
 use serde_json::json;
 
@@ -104,7 +104,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         no_gelu: args.no_gelu,
         tolerance,
         expect_tolerance: None,
-        backend: args.matmul.backend(),
+        attnrt_ops: args.matmul.attnrt_ops(),
         profile: args.profile.profile,
         budget,
     };
@@ -218,7 +218,7 @@ fn json_report(
         "ops": {
             "fused": cmp.fused.as_ref().map(|r| crate::common::ops_json(&r.ops)),
             "unfused": cmp.unfused.as_ref().map(|r| crate::common::ops_json(&r.ops)),
-            "kernel_isa": attnrt_runtime::kernel_isa(),
+            "kernel_isa": attnrt::kernel_isa(),
         },
         "time_ms": {
             "fused": run_ms(&cmp.fused),

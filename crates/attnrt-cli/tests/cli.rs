@@ -9,7 +9,8 @@ use common::attnrt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use attnrt_onnx::{DataType, ModelProto};
+use ::attnrt::onnx::DataType;
+use ::attnrt::ModelProto;
 use attnrt_testkit::{
     model, node, node_with_attrs, npy_bytes, tensor_f32, value_info, GraphBuilder,
 };
@@ -135,7 +136,7 @@ fn a_repeated_transpose_axis_is_refused_by_every_command() {
         "Transpose",
         &["x"],
         &["y"],
-        vec![attnrt_onnx::attr::make_ints("perm", &[0, 1, 1, 3])],
+        vec![::attnrt::onnx::attr::make_ints("perm", &[0, 1, 1, 3])],
     ));
     g.input(value_info("x", DataType::Float, &["1", "2", "3", "4"]));
     g.output(value_info("y", DataType::Float, &["1", "2", "2", "4"]));

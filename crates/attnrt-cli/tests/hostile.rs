@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
 
-use attnrt_onnx::Message;
+use ::attnrt::Message;
 use hostile::{HostileCase, Stage};
 
 fn attnrt(args: &[String]) -> Output {
@@ -132,7 +132,7 @@ fn every_hostile_case_fails_cleanly_in_run_and_fuse() {
         } else if fuse.status.success() {
             // Allocation/input cases are valid models: fuse may write them, and what it
             // writes must load again.
-            attnrt_onnx::load_model(&out, &attnrt_onnx::Limits::default())
+            ::attnrt::load_model(&out, &::attnrt::Limits::default())
                 .unwrap_or_else(|e| panic!("{}: fuse wrote an unreadable model: {e:#}", case.name));
             fuse_shown = "ok (valid model; fuse does not allocate or read inputs)".into();
             std::fs::remove_file(&out).unwrap();

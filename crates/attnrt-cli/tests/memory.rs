@@ -11,7 +11,8 @@ use common::{attnrt, model};
 use std::path::PathBuf;
 use std::process::Output;
 
-use attnrt_onnx::{DataType, Message, ModelProto};
+use ::attnrt::onnx::DataType;
+use ::attnrt::{Message, ModelProto};
 use attnrt_testkit::{model as onnx_model, node, node_with_attrs, value_info, GraphBuilder};
 
 /// Exit code 1 and exactly one stderr line, `error: ...`, holding every needle.
@@ -42,7 +43,7 @@ fn outer_product() -> ModelProto {
         "Transpose",
         &["x"],
         &["xt"],
-        vec![attnrt_onnx::attr::make_ints("perm", &[1, 0])],
+        vec![::attnrt::onnx::attr::make_ints("perm", &[1, 0])],
     ));
     g.node(node("outer", "MatMul", &["xt", "x"], &["y"]));
     g.output(value_info("y", DataType::Float, &["rows", "cols"]));
@@ -62,7 +63,7 @@ fn huge_input() -> ModelProto {
         "Cast",
         &["input_ids"],
         &["y"],
-        vec![attnrt_onnx::attr::make_int("to", DataType::Float as i64)],
+        vec![::attnrt::onnx::attr::make_int("to", DataType::Float as i64)],
     ));
     g.output(value_info("y", DataType::Float, &["rows", "cols"]));
     onnx_model(g.finish(), 17)
@@ -75,8 +76,8 @@ fn an_intermediate_over_the_default_budget_is_refused_before_the_run() {
     refused(
         &attnrt(&["run", &m, "--threads", "1"]),
         &[
-            "outer.onnx: node 'outer",
-            "[1048576, 1048576] float32 needs 4.0 TiB, over the memory budget of",
+            "outer.onnx: planning for input shapes",
+            "node 'outer' output 'y' [1048576, 1048576] float32 needs 4.0 TiB, over the memory budget of",
             "available; raise it with --max-memory",
         ],
     );
@@ -85,6 +86,38 @@ fn an_intermediate_over_the_default_budget_is_refused_before_the_run() {
         &[
             "[1048576, 1048576] float32 needs 4.0 TiB",
             "64.0 GiB (--max-memory)",
+        ],
+    );
+}
+
+/// `y = Conv(x, w)` with x `[1, 1, 4, 4]`, a 2×2 kernel and `2^28` columns of padding on the
+/// left: a 3 GiB output, and tract's optimization of such a convolution allocates in proportion
+/// to it (a mutated ViT with a pad of 2^31 was killed at 4 GiB of address space while planning).
+fn padded_conv() -> ModelProto {
+    let mut g = GraphBuilder::new("conv");
+    g.input(value_info("x", DataType::Float, &[1i64, 1, 4, 4]));
+    g.initializer(attnrt_testkit::tensor_f32("w", &[1, 1, 2, 2], &[1.0; 4]));
+    g.node(node_with_attrs(
+        "conv",
+        "Conv",
+        &["x", "w"],
+        &["y"],
+        vec![::attnrt::onnx::attr::make_ints("pads", &[0, 1 << 28, 0, 0])],
+    ));
+    g.output(value_info("y", DataType::Float, &["n", "c", "h", "w"]));
+    onnx_model(g.finish(), 17)
+}
+
+#[test]
+fn a_value_over_the_budget_is_refused_before_tract_optimizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(&dir, "conv.onnx", &padded_conv());
+    refused(
+        &attnrt(&["run", &m, "--threads", "1", "--max-memory", "64M"]),
+        &[
+            "conv.onnx: planning for input shapes F32[1,1,4,4]",
+            "node 'conv' output 'y' [1, 1, 3, 268435459] float32 needs 3.0 GiB",
+            "64.0 MiB (--max-memory)",
         ],
     );
 }

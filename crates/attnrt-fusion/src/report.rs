@@ -5,7 +5,6 @@
 use attnrt_onnx::ModelProto;
 use serde::Serialize;
 
-pub use crate::activations::FusedActivation;
 use crate::mismatch::{Check, Mismatch};
 
 /// The fused model and what happened.
@@ -64,6 +63,19 @@ pub struct FusedBlock {
     pub softcap: Option<f32>,
     /// Where the fused result differs from the original on edge inputs.
     pub caveats: Vec<String>,
+}
+
+/// One fused activation.
+#[derive(Serialize, Clone, Debug)]
+pub struct FusedActivation {
+    /// The fused node's name (`attnrt/Gelu_<i>`).
+    pub node: String,
+    /// The rule and form (`gelu[tanh]`, `gelu[erf]`).
+    pub rule: String,
+    /// The anchor node (the `Tanh` or `Erf`).
+    pub anchor: String,
+    /// Labels of the nodes removed.
+    pub replaced: Vec<String>,
 }
 
 /// A Softmax that looked like attention but was not fused.

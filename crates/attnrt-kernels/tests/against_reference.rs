@@ -254,8 +254,6 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
     let want_view = View4::new(&want_buf, out_dims, ws).unwrap();
 
     for kernels in every_kernel_set() {
-        let (isa, route) = (kernels.isa(), kernels.decode().route());
-        let key_ends = kernels.flash().key_ends();
         let mut got_buf = vec![f32::NAN; want_buf.len()];
         attention(
             &kernels,
@@ -268,41 +266,49 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
         )
         .unwrap();
         let got_view = View4::new(&got_buf, out_dims, ws).unwrap();
-        for b in 0..c.b {
-            for h in 0..hq {
-                for i in 0..c.lq {
-                    for e in 0..c.dv {
-                        let off = |s: &[isize; 4]| {
-                            (b as isize * s[0]
-                                + h as isize * s[1]
-                                + i as isize * s[2]
-                                + e as isize * s[3]) as usize
-                        };
-                        let w = want_view.data[off(&ws)];
-                        let g = got_view.data[off(&ws)];
-                        prop_assert!(w.is_finite(), "reference produced {w} at [{b},{h},{i},{e}]");
-                        if w == 0.0 {
-                            // Only fully-masked rows give exact zeros with random V.
-                            prop_assert_eq!(
-                                g,
-                                0.0,
-                                "{}/{} key_ends {}: out[{},{},{},{}] of a fully-masked row",
-                                isa,
-                                route.name(),
-                                key_ends,
-                                b,
-                                h,
-                                i,
-                                e
-                            );
-                        }
-                        prop_assert!(
-                            (g - w).abs() <= 3e-5 + 3e-4 * w.abs(),
-                            "{isa}/{} key_ends {key_ends}: out[{b},{h},{i},{e}] = {g}, \
-                             reference {w}",
-                            route.name()
+        check_output(&kernels, &got_view, &want_view)?;
+    }
+    Ok(())
+}
+
+/// Every element of `got` (the output of `kernels`) against the reference's `want`, both in the
+/// same layout: within 3e-5 + 3e-4·|w|, and exactly 0 where the reference row is fully masked
+/// (only fully-masked rows give exact zeros with random V).
+fn check_output(kernels: &KernelSet, got: &View4, want: &View4) -> Result<(), TestCaseError> {
+    let who = format!(
+        "{}/{} key_ends {}",
+        kernels.isa(),
+        kernels.decode().route().name(),
+        kernels.flash().key_ends()
+    );
+    let [nb, nh, nq, ne] = want.dims;
+    let s = want.strides;
+    for b in 0..nb {
+        for h in 0..nh {
+            for i in 0..nq {
+                for e in 0..ne {
+                    let off = (b as isize * s[0]
+                        + h as isize * s[1]
+                        + i as isize * s[2]
+                        + e as isize * s[3]) as usize;
+                    let (w, g) = (want.data[off], got.data[off]);
+                    prop_assert!(w.is_finite(), "reference produced {w} at [{b},{h},{i},{e}]");
+                    if w == 0.0 {
+                        prop_assert_eq!(
+                            g,
+                            0.0,
+                            "{}: out[{},{},{},{}] of a fully-masked row",
+                            who,
+                            b,
+                            h,
+                            i,
+                            e
                         );
                     }
+                    prop_assert!(
+                        (g - w).abs() <= 3e-5 + 3e-4 * w.abs(),
+                        "{who}: out[{b},{h},{i},{e}] = {g}, reference {w}"
+                    );
                 }
             }
         }

@@ -230,154 +230,185 @@ fn check_graph(g: &GraphProto, known: &Known, depth: usize, limits: &Limits) -> 
 }
 
 fn check_node(n: &NodeProto, known: &Known, limits: &Limits) -> Result<()> {
-    let value = |i: usize| {
-        n.input
-            .get(i)
-            .filter(|s| !s.is_empty())
-            .and_then(|s| known.values.get(s.as_str()))
+    let inputs = NodeInputs { n, known };
+    let output = match n.op_type.as_str() {
+        "ConstantOfShape" => constant_of_shape(&inputs)?,
+        "Expand" => expand(&inputs)?,
+        "Tile" => tile(&inputs)?,
+        "Range" => range(&inputs)?,
+        "Resize" | "Upsample" => resize(&inputs)?,
+        "OneHot" => one_hot(&inputs),
+        "RandomNormal" | "RandomUniform" => random(n)?,
+        _ => None,
     };
-    let shape_of = |i: usize| {
-        n.input
-            .get(i)
-            .filter(|s| !s.is_empty())
-            .and_then(|s| known.shapes.get(s.as_str()))
-    };
-    match n.op_type.as_str() {
-        "ConstantOfShape" => {
-            if let Some(v) = value(0) {
-                let shape = shape_values(n, "the shape input", v)?;
-                refuse(
-                    n,
-                    format!("shape {shape:?}"),
-                    product(shape.iter().copied()),
-                    limits,
-                )?;
-            }
-        }
-        "Expand" => {
-            // Broadcasting makes every output dim at least the shape's entry (0 stays 0).
-            if let Some(v) = value(1) {
-                let shape = shape_values(n, "the shape input", v)?;
-                let mut out = shape.clone();
-                if let Some(input) = shape_of(0) {
-                    let rank = out.len().max(input.len());
-                    out = (0..rank)
-                        .map(|i| {
-                            let a = (i + input.len())
-                                .checked_sub(rank)
-                                .map(|j| input[j])
-                                .unwrap_or(1);
-                            let b = (i + shape.len())
-                                .checked_sub(rank)
-                                .map(|j| shape[j])
-                                .unwrap_or(1);
-                            if a == 1 {
-                                b
-                            } else if b == 1 {
-                                a
-                            } else {
-                                a.min(b)
-                            }
-                        })
-                        .collect();
-                }
-                refuse(
-                    n,
-                    format!("broadcast to {out:?}"),
-                    product(out.iter().copied()),
-                    limits,
-                )?;
-            }
-        }
-        "Tile" => {
-            if let Some(v) = value(1) {
-                let repeats = shape_values(n, "the repeats input", v)?;
-                let base = shape_of(0).map(|s| product(s.iter().copied())).unwrap_or(1);
-                refuse(
-                    n,
-                    format!("repeats {repeats:?}"),
-                    base.saturating_mul(product(repeats.iter().copied())),
-                    limits,
-                )?;
-            }
-        }
-        "Range" => {
-            if let (Some(start), Some(limit), Some(delta)) = (value(0), value(1), value(2)) {
-                if let ([s], [l], [d]) = (start.as_slice(), limit.as_slice(), delta.as_slice()) {
-                    if *d == 0.0 {
-                        bail!("node {} (Range): delta is 0", node_label(n));
-                    }
-                    let count = ((l - s) / d).ceil().max(0.0);
-                    let count = if count >= u64::MAX as f64 {
-                        u64::MAX
-                    } else {
-                        count as u64
-                    };
-                    refuse(n, format!("range {s}..{l} step {d}"), count, limits)?;
-                }
-            }
-        }
-        "Resize" | "Upsample" => {
-            let sizes_input = if n.op_type == "Resize" { 3 } else { usize::MAX };
-            let scales_input = if n.op_type == "Resize" { 2 } else { 1 };
-            if let Some(v) = value(sizes_input) {
-                let sizes = shape_values(n, "the sizes input", v)?;
-                refuse(
-                    n,
-                    format!("sizes {sizes:?}"),
-                    product(sizes.iter().copied()),
-                    limits,
-                )?;
-            } else if let (Some(scales), Some(input)) = (value(scales_input), shape_of(0)) {
-                if scales.len() == input.len() {
-                    let out: Vec<u64> = input
-                        .iter()
-                        .zip(scales)
-                        .map(|(&d, &s)| {
-                            let v = (d as f64 * s).floor();
-                            if v >= u64::MAX as f64 {
-                                u64::MAX
-                            } else {
-                                v.max(0.0) as u64
-                            }
-                        })
-                        .collect();
-                    refuse(
-                        n,
-                        format!("scaled to {out:?}"),
-                        product(out.iter().copied()),
-                        limits,
-                    )?;
-                }
-            }
-        }
-        "OneHot" => {
-            if let Some([depth]) = value(1).map(Vec::as_slice) {
-                let base = shape_of(0).map(|s| product(s.iter().copied())).unwrap_or(1);
-                let depth = if *depth < 0.0 { 0 } else { *depth as u64 };
-                refuse(
-                    n,
-                    format!("depth {depth}"),
-                    base.saturating_mul(depth),
-                    limits,
-                )?;
-            }
-        }
-        "RandomNormal" | "RandomUniform" => {
-            if let Some(a) = n.attribute.iter().find(|a| a.name == "shape") {
-                let values: Vec<f64> = a.ints.iter().map(|&v| v as f64).collect();
-                let shape = shape_values(n, "the shape attribute", &values)?;
-                refuse(
-                    n,
-                    format!("shape {shape:?}"),
-                    product(shape.iter().copied()),
-                    limits,
-                )?;
-            }
-        }
-        _ => {}
+    match output {
+        Some((what, elements)) => refuse(n, what, elements, limits),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// What the file states of one node's inputs.
+struct NodeInputs<'a> {
+    n: &'a NodeProto,
+    known: &'a Known<'a>,
+}
+
+/// An output's size: how it is given (for the error) and its element count.
+type OutputSize = Option<(String, u64)>;
+
+impl NodeInputs<'_> {
+    /// The values of input `i`, when it is a known constant.
+    fn value(&self, i: usize) -> Option<&Vec<f64>> {
+        self.name(i).and_then(|s| self.known.values.get(s))
+    }
+
+    /// The shape of input `i`, when the file states it.
+    fn shape(&self, i: usize) -> Option<&Vec<u64>> {
+        self.name(i).and_then(|s| self.known.shapes.get(s))
+    }
+
+    fn name(&self, i: usize) -> Option<&str> {
+        self.n
+            .input
+            .get(i)
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+    }
+}
+
+fn constant_of_shape(inputs: &NodeInputs) -> Result<OutputSize> {
+    let Some(v) = inputs.value(0) else {
+        return Ok(None);
+    };
+    let shape = shape_values(inputs.n, "the shape input", v)?;
+    Ok(Some((
+        format!("shape {shape:?}"),
+        product(shape.iter().copied()),
+    )))
+}
+
+/// Broadcasting makes every output dim at least the shape's entry (0 stays 0).
+fn expand(inputs: &NodeInputs) -> Result<OutputSize> {
+    let Some(v) = inputs.value(1) else {
+        return Ok(None);
+    };
+    let shape = shape_values(inputs.n, "the shape input", v)?;
+    let out = match inputs.shape(0) {
+        Some(input) => broadcast_lower_bound(input, &shape),
+        None => shape,
+    };
+    Ok(Some((
+        format!("broadcast to {out:?}"),
+        product(out.iter().copied()),
+    )))
+}
+
+/// The smallest shape `input` broadcast with `shape` can have (an unknown 1 taken as 1).
+fn broadcast_lower_bound(input: &[u64], shape: &[u64]) -> Vec<u64> {
+    let rank = shape.len().max(input.len());
+    let at = |dims: &[u64], i: usize| {
+        (i + dims.len())
+            .checked_sub(rank)
+            .map(|j| dims[j])
+            .unwrap_or(1)
+    };
+    (0..rank)
+        .map(|i| match (at(input, i), at(shape, i)) {
+            (1, b) => b,
+            (a, 1) => a,
+            (a, b) => a.min(b),
+        })
+        .collect()
+}
+
+fn tile(inputs: &NodeInputs) -> Result<OutputSize> {
+    let Some(v) = inputs.value(1) else {
+        return Ok(None);
+    };
+    let repeats = shape_values(inputs.n, "the repeats input", v)?;
+    let base = inputs
+        .shape(0)
+        .map(|s| product(s.iter().copied()))
+        .unwrap_or(1);
+    let elements = base.saturating_mul(product(repeats.iter().copied()));
+    Ok(Some((format!("repeats {repeats:?}"), elements)))
+}
+
+fn range(inputs: &NodeInputs) -> Result<OutputSize> {
+    let (Some(start), Some(limit), Some(delta)) =
+        (inputs.value(0), inputs.value(1), inputs.value(2))
+    else {
+        return Ok(None);
+    };
+    let ([s], [l], [d]) = (start.as_slice(), limit.as_slice(), delta.as_slice()) else {
+        return Ok(None);
+    };
+    if *d == 0.0 {
+        bail!("node {} (Range): delta is 0", node_label(inputs.n));
+    }
+    let count = saturating_u64(((l - s) / d).ceil());
+    Ok(Some((format!("range {s}..{l} step {d}"), count)))
+}
+
+/// `v` as a count: negative and NaN as 0, past `u64::MAX` as `u64::MAX`.
+fn saturating_u64(v: f64) -> u64 {
+    if v >= u64::MAX as f64 {
+        u64::MAX
+    } else {
+        v.max(0.0) as u64
+    }
+}
+
+fn resize(inputs: &NodeInputs) -> Result<OutputSize> {
+    let resize = inputs.n.op_type == "Resize";
+    let sizes_input = if resize { 3 } else { usize::MAX };
+    let scales_input = if resize { 2 } else { 1 };
+    if let Some(v) = inputs.value(sizes_input) {
+        let sizes = shape_values(inputs.n, "the sizes input", v)?;
+        return Ok(Some((
+            format!("sizes {sizes:?}"),
+            product(sizes.iter().copied()),
+        )));
+    }
+    let (Some(scales), Some(input)) = (inputs.value(scales_input), inputs.shape(0)) else {
+        return Ok(None);
+    };
+    if scales.len() != input.len() {
+        return Ok(None);
+    }
+    let out: Vec<u64> = input
+        .iter()
+        .zip(scales)
+        .map(|(&d, &s)| saturating_u64((d as f64 * s).floor()))
+        .collect();
+    Ok(Some((
+        format!("scaled to {out:?}"),
+        product(out.iter().copied()),
+    )))
+}
+
+fn one_hot(inputs: &NodeInputs) -> OutputSize {
+    let Some([depth]) = inputs.value(1).map(Vec::as_slice) else {
+        return None;
+    };
+    let base = inputs
+        .shape(0)
+        .map(|s| product(s.iter().copied()))
+        .unwrap_or(1);
+    let depth = if *depth < 0.0 { 0 } else { *depth as u64 };
+    Some((format!("depth {depth}"), base.saturating_mul(depth)))
+}
+
+fn random(n: &NodeProto) -> Result<OutputSize> {
+    let Some(a) = n.attribute.iter().find(|a| a.name == "shape") else {
+        return Ok(None);
+    };
+    let values: Vec<f64> = a.ints.iter().map(|&v| v as f64).collect();
+    let shape = shape_values(n, "the shape attribute", &values)?;
+    Ok(Some((
+        format!("shape {shape:?}"),
+        product(shape.iter().copied()),
+    )))
 }
 
 #[cfg(test)]

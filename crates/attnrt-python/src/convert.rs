@@ -1,7 +1,7 @@
 //! numpy arrays ↔ attnrt tensors, element type by element type (no reinterpretation: a feed
 //! of another type than the model declares is refused by the session, not cast).
 
-use attnrt_runtime::{f16, Datum, Tensor};
+use attnrt::{f16, Datum, Tensor};
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::IntoPyObjectExt;

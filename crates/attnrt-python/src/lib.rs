@@ -21,7 +21,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::path::Path;
 
-use attnrt_onnx::{Limits, Message, ModelProto};
+use attnrt::{FusionOptions, Limits, Message, ModelProto};
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -45,7 +45,7 @@ pub(crate) fn load_model(model: &Bound<'_, PyAny>) -> PyResult<(ModelProto, Stri
     if let Ok(bytes) = model.cast::<PyBytes>() {
         let what = "<bytes>".to_string();
         let loaded =
-            attnrt_onnx::load_model_from_bytes(bytes.as_bytes(), &what, Path::new("."), &limits)
+            attnrt::load_model_from_bytes(bytes.as_bytes(), &what, Path::new("."), &limits)
                 .map_err(py_err)?;
         return Ok((loaded.0, what));
     }
@@ -54,7 +54,7 @@ pub(crate) fn load_model(model: &Bound<'_, PyAny>) -> PyResult<(ModelProto, Stri
             "model must be a path (str or os.PathLike) or the bytes of an ONNX file",
         )
     })?;
-    let loaded = attnrt_onnx::load_model(&path, &limits).map_err(py_err)?;
+    let loaded = attnrt::load_model(&path, &limits).map_err(py_err)?;
     Ok((loaded.model, path.display().to_string()))
 }
 
@@ -68,9 +68,9 @@ fn fuse_model<'py>(
     gelu: bool,
 ) -> PyResult<(Bound<'py, PyBytes>, String)> {
     let (proto, what) = load_model(model)?;
-    let options = attnrt_fusion::FusionOptions { strict, gelu };
+    let options = FusionOptions { strict, gelu };
     let fused = py
-        .detach(|| attnrt_fusion::fuse(&proto, &options))
+        .detach(|| attnrt::fuse_with(&proto, &options))
         .map_err(|e| py_err(e.context(format!("{what}: fusion failed"))))?;
     let report = serde_json::to_string(&fused.report).map_err(|e| py_err(e.into()))?;
     Ok((PyBytes::new(py, &fused.model.encode_to_vec()), report))
@@ -79,7 +79,7 @@ fn fuse_model<'py>(
 /// Writes `data` to `path` atomically (a temporary file renamed into place: no partial file).
 #[pyfunction]
 fn write_atomic(path: std::path::PathBuf, data: &[u8]) -> PyResult<()> {
-    attnrt_onnx::save::write_atomic(&path, data).map_err(py_err)
+    attnrt::write_atomic(&path, data).map_err(py_err)
 }
 
 #[pymodule]

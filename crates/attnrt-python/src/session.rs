@@ -3,8 +3,8 @@
 //! model's declared inputs (names, element types, ranks, fixed axes) before anything runs, and
 //! releases the GIL while the model runs, so several Python threads can run one session.
 
-use attnrt_runtime::{
-    declared_inputs, dtype_name, DeclaredDim, DeclaredInput, MemoryBudget, NamedTensor,
+use attnrt::{
+    declared_inputs, dtype_name, DeclaredDim, DeclaredInput, MemoryBudget, ModelProto, NamedTensor,
     SessionOptions, Threads,
 };
 use pyo3::prelude::*;
@@ -17,7 +17,7 @@ use crate::{load_model, py_err, AttnrtError};
 /// A model ready to run (see the module docs).
 #[pyclass(module = "attnrt._attnrt", frozen)]
 pub struct Session {
-    session: attnrt_runtime::Session,
+    session: attnrt::Session,
     declared: Vec<DeclaredInput>,
     inputs: Vec<Arg>,
     outputs: Vec<Arg>,
@@ -88,7 +88,7 @@ impl Session {
 }
 
 fn build(
-    model: attnrt_onnx::ModelProto,
+    model: ModelProto,
     what: &str,
     fuse: bool,
     threads: Option<usize>,
@@ -96,8 +96,8 @@ fn build(
 ) -> anyhow::Result<Session> {
     let threads = Threads::new(threads)?;
     let (model, report) = if fuse {
-        let fused = attnrt_fusion::fuse(&model, &Default::default())
-            .map_err(|e| e.context(format!("{what}: fusion failed")))?;
+        let fused =
+            attnrt::fuse(&model).map_err(|e| e.context(format!("{what}: fusion failed")))?;
         (fused.model, Some(serde_json::to_string(&fused.report)?))
     } else {
         (model, None)
@@ -108,7 +108,7 @@ fn build(
         max_memory,
         ..SessionOptions::default()
     };
-    let session = attnrt_runtime::Session::new(&model, &threads, what, &options)?;
+    let session = attnrt::Session::new(&model, &threads, what, &options)?;
     Ok(Session {
         session,
         declared,

@@ -2,8 +2,8 @@
 //! fixed axes, strings for symbolic ones, `None` where nothing is declared) and a type string
 //! such as `tensor(float)`.
 
-use attnrt_onnx::proto::{tensor_shape_proto::dimension, type_proto, ValueInfoProto};
-use attnrt_onnx::ModelProto;
+use attnrt::onnx::proto::{tensor_shape_proto::dimension, type_proto, ValueInfoProto};
+use attnrt::ModelProto;
 use pyo3::prelude::*;
 use pyo3::IntoPyObjectExt;
 

@@ -16,28 +16,21 @@
 use attnrt_kernels::act::{apply_rows, Activation};
 use attnrt_kernels::{KernelSet, StandaloneAct};
 use tract_linalg::routines::Func;
-use tract_onnx::model::{OnnxOpRegister, ParsingContext};
+use tract_onnx::model::ParsingContext;
 use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::ops::nn::gelu_approximate::gelu_approximate;
 use tract_onnx::tract_hir::internal::*;
 
-use crate::projection::{Backend, ProjectionOp};
+use crate::projection::ProjectionOp;
 use crate::tensor::f32_data_mut;
-use crate::tract_parser::Kept;
+use crate::tract_parser::OnnxParser;
 
 /// The name under which [`GeluOp`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtGelu";
 
-/// tract-onnx's own `Gelu` parser.
-static TRACT: Kept = Kept::new("Gelu");
-
-/// Registers attnrt's `Gelu` parser (wrapping tract's) when `backend` is [`Backend::Attnrt`].
-pub fn register(ops: &mut OnnxOpRegister, backend: Backend) {
-    if backend == Backend::Attnrt {
-        TRACT.replace(ops, parse);
-    }
-}
+/// attnrt's `Gelu` parser, wrapping tract's (registered by the op registry).
+pub(crate) static PARSER: OnnxParser = OnnxParser::new("Gelu", parse);
 
 fn parse(
     ctx: &ParsingContext,
@@ -55,7 +48,7 @@ fn parse(
             node.name
         ),
     };
-    let (_, extra, expansion) = TRACT.parse(ctx, node)?;
+    let (_, extra, expansion) = PARSER.parse_as_tract(ctx, node)?;
     let gelu = GeluSplit {
         node: node.name.clone(),
         tanh,

@@ -13,47 +13,40 @@
 
 use attnrt_kernels::norm::{layer_norm, LayerNorm};
 use attnrt_kernels::KernelSet;
-use tract_onnx::model::{OnnxOpRegister, ParsingContext};
+use tract_onnx::model::ParsingContext;
 use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
-use crate::projection::Backend;
 use crate::tensor::{f32_data, f32_data_mut};
-use crate::tract_parser::Kept;
+use crate::tract_parser::OnnxParser;
 
 /// The name under which [`LayerNormOp`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtLayerNorm";
 
-/// tract-onnx's own `LayerNormalization` parser.
-static TRACT: Kept = Kept::new("LayerNormalization");
+/// attnrt's `LayerNormalization` parser, wrapping tract's (registered by the op registry).
+pub(crate) static PARSER: OnnxParser = OnnxParser::new("LayerNormalization", parse);
 
-/// Registers attnrt's `LayerNormalization` parser (wrapping tract's) when `backend` is
-/// [`Backend::Attnrt`].
-pub fn register(ops: &mut OnnxOpRegister, backend: Backend) {
-    if backend == Backend::Attnrt {
-        TRACT.replace(ops, parse);
-    }
-}
-
-/// tract's parse of the node, wrapped in [`LayerNormRows`] when the node has only its `Y`
-/// output and a f32 `stash_type`; tract's op as it is otherwise.
+/// tract's parse of the node, wrapped in [`LayerNormRows`], which checks the `axis` against X's
+/// rank before tract's shape rules see it (they do not end for an axis far outside it);
+/// [`LayerNormOp`] is wired when the node has only its `Y` output and a f32 `stash_type`.
 fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    let (op, extra, expansion) = TRACT.parse(ctx, node)?;
+    let (op, extra, expansion) = PARSER.parse_as_tract(ctx, node)?;
     let only_y = node.output.iter().skip(1).all(|o| o.is_empty());
     let stash = node
         .get_attr_opt::<DatumType>("stash_type")?
         .unwrap_or(DatumType::F32);
-    let Some(expansion) = expansion.filter(|_| only_y && stash == DatumType::F32) else {
+    let Some(expansion) = expansion else {
         return Ok((op, extra));
     };
     let rows = LayerNormRows {
         node: node.name.clone(),
         axis: node.get_attr_opt("axis")?.unwrap_or(-1),
         epsilon: node.get_attr_opt("epsilon")?.unwrap_or(1e-5),
+        native: only_y && stash == DatumType::F32,
         tract: expansion,
     };
     Ok((expand(rows), extra))
@@ -66,6 +59,8 @@ struct LayerNormRows {
     node: String,
     axis: i64,
     epsilon: f32,
+    /// Whether [`LayerNormOp`] may be wired (else tract's expansion always is).
+    native: bool,
     tract: Box<dyn Expansion>,
 }
 
@@ -84,6 +79,11 @@ impl Expansion for LayerNormRows {
         inputs: &'p [TensorProxy],
         outputs: &'p [TensorProxy],
     ) -> InferenceResult {
+        if !inputs.is_empty() {
+            s.given(&inputs[0].rank, move |_, rank| {
+                self.axis_from_0(rank as usize).map(drop)
+            })?;
+        }
         Expansion::rules(&*self.tract, s, inputs, outputs)
     }
 
@@ -93,6 +93,9 @@ impl Expansion for LayerNormRows {
         model: &mut TypedModel,
         inputs: &[OutletId],
     ) -> TractResult<TVec<OutletId>> {
+        if let Some(&x) = inputs.first() {
+            self.axis_from_0(model.outlet_fact(x)?.rank())?;
+        }
         match self.native(model, inputs)? {
             Some(op) => model.wire_node(prefix, op, inputs),
             None => Expansion::wire(&*self.tract, prefix, model, inputs),
@@ -101,9 +104,27 @@ impl Expansion for LayerNormRows {
 }
 
 impl LayerNormRows {
+    /// The axis counted from 0 when inside `[-rank, rank)`, else the error ONNX's inference
+    /// gives.
+    fn axis_from_0(&self, rank: usize) -> TractResult<usize> {
+        let r = rank as i64;
+        if !(-r..r).contains(&self.axis) {
+            bail!(
+                "LayerNormalization node '{}': axis {} is outside [-{r}, {r}), the rank of X",
+                self.node,
+                self.axis
+            );
+        }
+        Ok(if self.axis < 0 {
+            self.axis + r
+        } else {
+            self.axis
+        } as usize)
+    }
+
     /// [`LayerNormOp`] for these inputs, or `None` when it would not be exact.
     fn native(&self, model: &TypedModel, inputs: &[OutletId]) -> TractResult<Option<LayerNormOp>> {
-        if !(2..=3).contains(&inputs.len()) {
+        if !self.native || !(2..=3).contains(&inputs.len()) {
             return Ok(None);
         }
         let facts = inputs
@@ -114,16 +135,8 @@ impl LayerNormRows {
             return Ok(None);
         }
         let x = &facts[0];
-        let rank = x.rank() as i64;
-        let axis = if self.axis < 0 {
-            self.axis + rank
-        } else {
-            self.axis
-        };
-        if !(0..rank).contains(&axis) {
-            return Ok(None); // tract's expansion reports it
-        }
-        let Some(normalized) = concrete(&x.shape.dims()[axis as usize..]) else {
+        let axis = self.axis_from_0(x.rank())?;
+        let Some(normalized) = concrete(&x.shape.dims()[axis..]) else {
             return Ok(None);
         };
         let covers = |f: &TypedFact| {

@@ -2,13 +2,18 @@
 //!
 //! - [`session`]: a tract-onnx session built from an in-memory `ModelProto`, with input facts
 //!   taken from the actual input tensors (which binds symbolic dims), optimized and planned, on a
-//!   thread pool shared by tract's matmuls and attnrt's kernel ([`Threads`]).
+//!   thread pool shared by tract's matmuls and attnrt's kernel ([`Threads`]), built as
+//!   [`SessionOptions`] say.
+//! - `registry.rs`: every execution op attnrt adds to tract or runs in place of tract's, in one
+//!   list (how it is parsed, its name, what it counts as in [`OpCounts`], its switch);
+//!   `lower/`: the graph rewrites made before tract parses a model, in one ordered list.
 //! - [`attention`]: attnrt's parser for the ONNX `Attention` op (opsets 23 and 24), replacing
 //!   tract's, so every `Attention` node runs on `attnrt_kernels`.
 //! - [`projection`]: `MatMul` by a constant weight (the projections) on attnrt's projection
 //!   kernels.
 //! - [`layer_norm`]: `LayerNormalization` as one op over rows.
 //! - [`gelu`]: `Gelu` split over the session's threads.
+//! - [`gather`]: `Gather` with its indices checked (tract's indexes without a bounds check).
 //! - [`tensor`]: named tensors, and the inputs a model declares.
 //! - [`plan`]: plans per input shape, kept in a bounded cache.
 //! - [`memory`]: the memory a planned run needs, checked against the session's
@@ -23,28 +28,31 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod gather;
 pub mod gelu;
+mod guard;
 mod kernels;
 pub mod layer_norm;
 mod lower;
 pub mod memory;
+pub mod options;
 pub mod plan;
 pub mod profile;
 pub mod projection;
+mod registry;
 pub mod session;
 pub mod tensor;
 pub mod threads;
 mod tract_parser;
 
 pub use attnrt_onnx::MemoryBudget;
+pub use guard::panic_is_guarded;
 pub use memory::MemoryEstimate;
+pub use options::{SessionOptions, ShapePolicy};
 pub use plan::PlanStats;
 pub use profile::{NodeTime, OpTime, Profile, ProfileReport};
-pub use projection::Backend;
-pub use session::{
-    onnx_frontend, onnx_frontend_with, panic_is_guarded, OpCounts, Session, SessionOptions,
-    ShapePolicy,
-};
+pub use registry::{onnx_frontend, onnx_frontend_with, OpCounts};
+pub use session::Session;
 pub use tensor::{declared_inputs, dtype_name, DeclaredDim, DeclaredInput, NamedTensor};
 pub use threads::Threads;
 /// tract's tensor type, used for every input and output value.
@@ -66,7 +74,7 @@ pub struct RunResult {
     pub run_ms: f64,
     /// What the planned graph ran, by implementation.
     pub ops: OpCounts,
-    /// Where the run's time went, when it was profiled ([`run_once_profiled`]).
+    /// Where the run's time went, when it was profiled ([`run_once_with_options`]).
     pub profile: Option<Profile>,
 }
 
@@ -77,47 +85,27 @@ pub fn kernel_isa() -> Option<String> {
     kernels::of_process().map(|k| k.isa().to_string())
 }
 
-/// Builds a session for `model` (constant-weight matmuls on `backend`) and runs it once on
-/// `inputs`.
+/// Builds a session for `model` planned for the shapes of `inputs`, with the default options
+/// otherwise ([`SessionOptions::per_shape`]), and runs it once on `inputs`.
 pub fn run_once(
     model: &ModelProto,
     inputs: &[NamedTensor],
     threads: &Threads,
     what: &str,
-    backend: Backend,
 ) -> Result<RunResult> {
-    run_once_with(model, inputs, threads, what, backend, false)
+    run_once_with_options(
+        model,
+        inputs,
+        threads,
+        what,
+        &SessionOptions::per_shape(),
+        false,
+    )
 }
 
-/// [`run_once`], with every node of the run timed ([`RunResult::profile`]).
-pub fn run_once_profiled(
-    model: &ModelProto,
-    inputs: &[NamedTensor],
-    threads: &Threads,
-    what: &str,
-    backend: Backend,
-) -> Result<RunResult> {
-    run_once_with(model, inputs, threads, what, backend, true)
-}
-
-fn run_once_with(
-    model: &ModelProto,
-    inputs: &[NamedTensor],
-    threads: &Threads,
-    what: &str,
-    backend: Backend,
-    profile: bool,
-) -> Result<RunResult> {
-    let options = SessionOptions {
-        backend,
-        shapes: ShapePolicy::PerShape,
-        ..SessionOptions::default()
-    };
-    run_once_with_options(model, inputs, threads, what, &options, profile)
-}
-
-/// [`run_once`] (profiled with `profile`) on a session with these `options` (e.g. another
-/// memory budget); [`ShapePolicy::PerShape`] plans for exactly these inputs.
+/// [`run_once`] (every node timed with `profile`: [`RunResult::profile`]) on a session with
+/// these `options` (e.g. tract's ops, another memory budget); [`ShapePolicy::PerShape`] plans
+/// for exactly these inputs.
 pub fn run_once_with_options(
     model: &ModelProto,
     inputs: &[NamedTensor],

@@ -42,6 +42,36 @@ impl std::fmt::Display for ValueSize {
     }
 }
 
+/// Refuses a typed graph, before tract optimizes it, where a node's output of known shape is over
+/// `budget` on its own: tract's optimization allocates in proportion to some such values (a
+/// convolution's padding tables) before a plan exists for [`PlanSizes::check`] to judge a run.
+/// Constants are left out (they are already in memory).
+pub fn check_typed_outputs(model: &TypedModel, budget: &MemoryBudget) -> Result<()> {
+    for node in model.nodes().iter().filter(|n| n.op.name() != "Const") {
+        for (slot, output) in node.outputs.iter().enumerate() {
+            let Some(shape) = output.fact.shape.as_concrete() else {
+                continue;
+            };
+            let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+            let item = output.fact.datum_type.size_of() as u64;
+            budget.check(tensor_bytes(shape.iter().copied(), item), || {
+                let label = match model.outlet_label(OutletId::new(node.id, slot)) {
+                    Some(name) => format!("node '{}' output '{name}'", node.name),
+                    None => format!("node '{}' output {slot}", node.name),
+                };
+                let value = ValueSize {
+                    label,
+                    shape: shape.clone(),
+                    datum_type: output.fact.datum_type,
+                    bytes: 0,
+                };
+                value.to_string()
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// What one run of a plan keeps in memory at its peak.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryEstimate {

@@ -78,8 +78,14 @@ pub struct Plan {
 
 impl Plan {
     /// Optimizes `parsed` (tract's inference model, as parsed) for the shapes of `key` and
-    /// plans it on `threads`.
-    pub fn build(parsed: &InferenceModel, key: &PlanKey, threads: &Threads) -> Result<Plan> {
+    /// plans it on `threads`; a value of known shape over `budget` is refused before tract
+    /// optimizes.
+    pub fn build(
+        parsed: &InferenceModel,
+        key: &PlanKey,
+        threads: &Threads,
+        budget: &MemoryBudget,
+    ) -> Result<Plan> {
         let mut model = parsed.clone();
         let anchor: Option<TDim> = key.anchor.as_ref().map(|a| model.symbols.sym(a).into());
         for (ix, (dt, dims)) in key.inputs.iter().enumerate() {
@@ -104,6 +110,7 @@ impl Plan {
         let typed = model
             .into_typed()
             .context("tract cannot infer the graph's types and shapes")?;
+        crate::memory::check_typed_outputs(&typed, budget)?;
         let optimized = typed
             .into_optimized()
             .context("tract cannot optimize the graph")?;

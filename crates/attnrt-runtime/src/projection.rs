@@ -29,60 +29,60 @@
 //! `attnrt_kernels::projection`, on the session's `KernelSet`; this module is the tract op
 //! around it and the folds of a bias `Add` into it.
 //!
-//! [`Backend::Tract`] keeps tract's matmul everywhere: the peer baseline of the benches.
+//! `SessionOptions::attnrt_ops` off keeps tract's matmul everywhere: the peer baseline of the
+//! benches.
 
 use attnrt_kernels::act::Activation;
 use attnrt_kernels::projection::{project, PackedWeight, Product};
 use attnrt_kernels::KernelSet;
-use tract_onnx::model::OnnxOpRegister;
+use tract_onnx::model::ParsingContext;
+use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 use tract_onnx::tract_hir::ops::matmul::MatMulInference;
 
 use crate::tensor::{f32_data, f32_data_mut};
+use crate::tract_parser::OnnxParser;
 
-/// Which implementation runs `MatMul` nodes with a constant 2-D weight.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// attnrt's [`ProjectionOp`] (the `gemm` crate).
-    #[default]
-    Attnrt,
-    /// tract's own matmul, as plain tract-onnx runs the graph.
-    Tract,
+/// attnrt's `MatMul` parser (registered by the op registry, in place of tract's).
+pub(crate) static MATMUL: OnnxParser = OnnxParser::new("MatMul", parse_matmul);
+
+/// attnrt's `Gemm` parser (registered by the op registry, in place of tract's).
+pub(crate) static GEMM: OnnxParser = OnnxParser::new("Gemm", parse_gemm);
+
+fn parse_matmul(
+    _: &ParsingContext,
+    node: &NodeProto,
+) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
+    Ok((
+        expand(ProjectionMatMul {
+            node: node.name.clone(),
+        }),
+        vec![],
+    ))
 }
 
-/// Registers attnrt's `MatMul` and `Gemm` parsers (replacing tract's) when `backend` is
-/// [`Backend::Attnrt`].
-pub fn register(ops: &mut OnnxOpRegister, backend: Backend) {
-    if backend == Backend::Attnrt {
-        ops.insert("MatMul", |_, node| {
-            Ok((
-                expand(ProjectionMatMul {
-                    node: node.name.clone(),
-                }),
-                vec![],
-            ))
-        });
-        ops.insert("Gemm", |_, node| {
-            let flag = |name: &str| -> TractResult<bool> {
-                match node.get_attr_opt::<i64>(name)?.unwrap_or(0) {
-                    0 => Ok(false),
-                    1 => Ok(true),
-                    v => bail!("Gemm node '{}': {name} = {v}, must be 0 or 1", node.name),
-                }
-            };
-            Ok((
-                expand(ProjectionGemm {
-                    node: node.name.clone(),
-                    alpha: node.get_attr_opt::<f32>("alpha")?.unwrap_or(1.0),
-                    beta: node.get_attr_opt::<f32>("beta")?.unwrap_or(1.0),
-                    trans_a: flag("transA")?,
-                    trans_b: flag("transB")?,
-                }),
-                vec![],
-            ))
-        });
-    }
+fn parse_gemm(
+    _: &ParsingContext,
+    node: &NodeProto,
+) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
+    let flag = |name: &str| -> TractResult<bool> {
+        match node.get_attr_opt::<i64>(name)?.unwrap_or(0) {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => bail!("Gemm node '{}': {name} = {v}, must be 0 or 1", node.name),
+        }
+    };
+    Ok((
+        expand(ProjectionGemm {
+            node: node.name.clone(),
+            alpha: node.get_attr_opt::<f32>("alpha")?.unwrap_or(1.0),
+            beta: node.get_attr_opt::<f32>("beta")?.unwrap_or(1.0),
+            trans_a: flag("transA")?,
+            trans_b: flag("transB")?,
+        }),
+        vec![],
+    ))
 }
 
 /// The parsed `MatMul`: shape rules are tract's; wiring picks [`ProjectionOp`] when it can.

@@ -1,5 +1,7 @@
-//! tract-onnx's own parser for an op type, kept when attnrt registers its parser in its place:
-//! attnrt's parsers call it for the shape rules and the expansion they fall back to.
+//! attnrt's parser for one ONNX op type, registered in tract-onnx's op register in place of
+//! tract's, with tract's own parser kept: attnrt's parsers that wrap tract's op call it for the
+//! shape rules and the expansion they fall back to. The one way attnrt registers a parser (the
+//! op registry, `registry.rs`, lists every one).
 
 use std::sync::OnceLock;
 
@@ -11,43 +13,52 @@ use tract_onnx::tract_hir::internal::*;
 pub(crate) type Parser =
     fn(&ParsingContext, &NodeProto) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)>;
 
-/// What [`Kept::parse`] returns: tract's op, the extra outputs it names, and its expansion
-/// (when tract expands the op).
+/// What [`OnnxParser::parse_as_tract`] returns: tract's op, the extra outputs it names, and its
+/// expansion (when tract expands the op).
 pub(crate) type Parsed = (
     Box<dyn InferenceOp>,
     Vec<String>,
     Option<Box<dyn Expansion>>,
 );
 
-/// One op type's parser from tract, kept in `slot`.
-pub(crate) struct Kept {
-    op_type: &'static str,
-    slot: OnceLock<Parser>,
+/// attnrt's parser of one op type, and the slot where tract's is kept when it is replaced.
+pub(crate) struct OnnxParser {
+    /// The ONNX op type (tract-onnx's register is keyed by op type only: every node of this
+    /// type, whatever its domain, is parsed here).
+    pub(crate) op_type: &'static str,
+    /// attnrt's parser.
+    pub(crate) ours: Parser,
+    tract: OnceLock<Parser>,
 }
 
-impl Kept {
-    /// An empty slot for `op_type`'s parser.
-    pub(crate) const fn new(op_type: &'static str) -> Self {
-        Kept {
+impl OnnxParser {
+    /// attnrt's parser `ours` for `op_type`, not registered yet.
+    pub(crate) const fn new(op_type: &'static str, ours: Parser) -> Self {
+        OnnxParser {
             op_type,
-            slot: OnceLock::new(),
+            ours,
+            tract: OnceLock::new(),
         }
     }
 
-    /// Keeps tract's parser of the op type and registers `ours` in its place (nothing when
-    /// tract has none). Every registry tract-onnx builds holds the same parser, so the first
-    /// one kept serves all.
-    pub(crate) fn replace(&'static self, ops: &mut OnnxOpRegister, ours: Parser) {
+    /// Keeps tract's parser of the op type (when tract has one) and registers attnrt's in its
+    /// place. Every register tract-onnx builds holds the same parser, so the first one kept
+    /// serves all.
+    pub(crate) fn register(&'static self, ops: &mut OnnxOpRegister) {
         if let Some(&tract) = ops.0.get(self.op_type) {
-            let _ = self.slot.set(tract);
-            ops.insert(self.op_type, ours);
+            let _ = self.tract.set(tract);
         }
+        ops.insert(self.op_type, self.ours);
     }
 
     /// tract's parse of `node`, and its expansion when tract expands the op.
-    pub(crate) fn parse(&self, ctx: &ParsingContext, node: &NodeProto) -> TractResult<Parsed> {
+    pub(crate) fn parse_as_tract(
+        &self,
+        ctx: &ParsingContext,
+        node: &NodeProto,
+    ) -> TractResult<Parsed> {
         let tract = self
-            .slot
+            .tract
             .get()
             .with_context(|| format!("tract's {} parser was not kept", self.op_type))?;
         let (op, extra) = tract(ctx, node)?;

@@ -1,5 +1,5 @@
-//! `Gelu` (both forms) runs on attnrt's op split over threads (`Backend::Attnrt`) and gives
-//! tract's values bit for bit, whatever the split (on tract-linalg's kernels, unless
+//! `Gelu` (both forms) runs on attnrt's op split over threads (`SessionOptions::attnrt_ops`) and
+//! gives tract's values bit for bit, whatever the split (on tract-linalg's kernels, unless
 //! `ATTNRT_KERNEL_ISA` lowers the ISA: then within rounding); after a projection whose kernels
 //! have an activation epilogue (AVX-512) it runs in the projection's epilogue: the erf form with
 //! the op's bits, the tanh form within 1e-6.
@@ -7,7 +7,7 @@
 use attnrt_kernels::StandaloneAct;
 use attnrt_onnx::attr::make_string;
 use attnrt_onnx::{DataType, ModelProto};
-use attnrt_runtime::{Backend, NamedTensor, Session, Tensor, Threads};
+use attnrt_runtime::{NamedTensor, Session, SessionOptions, Tensor, Threads};
 use attnrt_testkit::{
     model, node, node_with_attrs, seeded_values, tensor_f32, tensor_i64_1d, value_info,
     GraphBuilder,
@@ -30,11 +30,20 @@ fn gelu_model(dims: &[i64], approximate: &str) -> ModelProto {
 fn session(
     m: &ModelProto,
     x: &NamedTensor,
-    backend: Backend,
+    attnrt_ops: bool,
     threads: usize,
 ) -> anyhow::Result<Session> {
     let threads = Threads::new(Some(threads))?;
-    Session::build_with(m, std::slice::from_ref(x), &threads, "gelu.onnx", backend)
+    Session::build_with_options(
+        m,
+        std::slice::from_ref(x),
+        &threads,
+        "gelu.onnx",
+        &SessionOptions {
+            attnrt_ops,
+            ..SessionOptions::per_shape()
+        },
+    )
 }
 
 #[test]
@@ -50,11 +59,11 @@ fn both_forms_give_tracts_values_on_one_and_two_threads() {
         let dims_i64: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
         for approximate in ["none", "tanh"] {
             let m = gelu_model(&dims_i64, approximate);
-            let tract = session(&m, &x, Backend::Tract, 2).unwrap();
+            let tract = session(&m, &x, false, 2).unwrap();
             let want = tract.run(std::slice::from_ref(&x)).unwrap();
             let want = want[0].tensor.to_plain_array_view::<f32>().unwrap();
             for threads in [1, 2] {
-                let s = session(&m, &x, Backend::Attnrt, threads).unwrap();
+                let s = session(&m, &x, true, threads).unwrap();
                 assert!(
                     s.op_names().iter().any(|o| o == "AttnrtGelu"),
                     "{:?}",
@@ -65,9 +74,9 @@ fn both_forms_give_tracts_values_on_one_and_two_threads() {
                 assert_eq!(got.shape(), want.shape());
                 let tracts = s.kernels().standalone_act() == StandaloneAct::Caller;
                 for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+                    let close = (g - w).abs() <= 1e-5 * (1.0 + w.abs());
                     assert!(
-                        g.to_bits() == w.to_bits()
-                            || !tracts && (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                        g.to_bits() == w.to_bits() || !tracts && close,
                         "{approximate} {dims:?} threads {threads}: y[{i}] = {g}, tract {w}"
                     );
                 }
@@ -83,10 +92,7 @@ fn an_unknown_approximation_names_the_node() {
         name: "x".into(),
         tensor: Tensor::from_shape(&[4], &[0.0f32, 1.0, 2.0, 3.0]).unwrap(),
     };
-    let err = format!(
-        "{:#}",
-        session(&m, &x, Backend::Attnrt, 1).expect_err("an error")
-    );
+    let err = format!("{:#}", session(&m, &x, true, 1).expect_err("an error"));
     assert!(err.contains("/mlp/act/Gelu"), "{err}");
     assert!(err.contains("approximate"), "{err}");
 }
@@ -157,13 +163,13 @@ fn a_gelu_after_a_projection_runs_in_its_epilogue() {
         let tract = session(
             &projection_gelu_model(approximate, false, conv1d),
             &x,
-            Backend::Tract,
+            false,
             2,
         );
         let want = y_of(&tract.unwrap());
         for threads in [1, 2] {
             let folded = projection_gelu_model(approximate, false, conv1d);
-            let folded = session(&folded, &x, Backend::Attnrt, threads).unwrap();
+            let folded = session(&folded, &x, true, threads).unwrap();
             let names = folded.op_names();
             let epilogue = folded.kernels().projection().epilogue();
             assert_eq!(
@@ -174,7 +180,7 @@ fn a_gelu_after_a_projection_runs_in_its_epilogue() {
             );
             // `h` is a model output: the Gelu stays an op of its own.
             let alone = projection_gelu_model(approximate, true, conv1d);
-            let alone = session(&alone, &x, Backend::Attnrt, threads).unwrap();
+            let alone = session(&alone, &x, true, threads).unwrap();
             assert!(alone.op_names().iter().any(|o| o == "AttnrtGelu"));
             let (got, op) = (y_of(&folded), y_of(&alone));
             for (i, ((g, o), w)) in got.iter().zip(&op).zip(&want).enumerate() {

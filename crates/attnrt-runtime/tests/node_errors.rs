@@ -5,15 +5,16 @@ use attnrt_onnx::DataType;
 use attnrt_runtime::{NamedTensor, Session, SessionOptions, Tensor, Threads};
 use attnrt_testkit::{float_value, node, tensor_f32, value_info, GraphBuilder};
 
+/// A position table of 4 rows of 2: row i holds 2i and 2i + 1.
+fn table() -> attnrt_onnx::proto::TensorProto {
+    tensor_f32("table", &[4, 2], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+}
+
 /// `y = Gather(table[4, 2], ids)`: a position-embedding lookup.
 fn lookup_session() -> Session {
     let mut g = GraphBuilder::new("lookup");
     g.input(value_info("ids", DataType::Int64, &[1i64]));
-    g.initializer(tensor_f32(
-        "table",
-        &[4, 2],
-        &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0],
-    ));
+    g.initializer(table());
     g.node(node("/wpe/Gather", "Gather", &["table", "ids"], &["y"]));
     g.output(float_value("y", &[1, 2]));
     let model = g.into_model(17);
@@ -28,19 +29,70 @@ fn ids(i: i64) -> NamedTensor {
     }
 }
 
+/// The values of the first output, a float32 tensor.
+fn first_f32(outputs: &[NamedTensor]) -> Vec<f32> {
+    let plain = outputs[0].tensor.try_as_plain_ram().unwrap();
+    plain.as_slice::<f32>().unwrap().to_vec()
+}
+
 #[test]
 fn an_index_past_the_table_names_the_node() {
     let s = lookup_session();
     let y = s.run(&[ids(3)]).unwrap();
-    let got = y[0]
-        .tensor
-        .try_as_plain_ram()
-        .unwrap()
-        .as_slice::<f32>()
-        .unwrap()
-        .to_vec();
+    let got = first_f32(&y);
     assert_eq!(got, [6.0, 7.0]);
-    let err = format!("{:#}", s.run(&[ids(9)]).unwrap_err());
-    assert!(err.contains("/wpe/Gather"), "{err}");
-    assert!(err.contains("lookup.onnx"), "{err}");
+    for (bad, range) in [
+        (9, "index 9 is outside [-4, 4)"),
+        (4, "index 4"),
+        (-5, "index -5"),
+    ] {
+        let err = format!("{:#}", s.run(&[ids(bad)]).unwrap_err());
+        assert!(err.contains("/wpe/Gather"), "{err}");
+        assert!(err.contains("lookup.onnx"), "{err}");
+        // checked before tract indexes (tract's Gather has no bounds check and panicked)
+        assert!(err.contains(range) && !err.contains("panic"), "{err}");
+    }
+    // the last row from the end is in range
+    let y = s.run(&[ids(-1)]).unwrap();
+    let got = first_f32(&y);
+    assert_eq!(got, [6.0, 7.0]);
+}
+
+/// A constant index is checked once, while the graph is optimized, and the node then runs as
+/// tract's own `Gather`.
+#[test]
+fn a_constant_index_past_the_table_fails_the_build_naming_the_node() {
+    use attnrt_testkit::tensor_i64;
+    for (index, ok) in [(3i64, true), (-4, true), (4, false)] {
+        let mut g = GraphBuilder::new("lookup");
+        g.input(float_value("x", &[1, 2]));
+        g.initializer(table());
+        g.initializer(tensor_i64("ids", &[1], &[index]));
+        g.node(node("/wpe/Gather", "Gather", &["table", "ids"], &["row"]));
+        g.node(node("/add", "Add", &["row", "x"], &["y"]));
+        g.output(float_value("y", &[1, 2]));
+        let model = g.into_model(17);
+        let threads = Threads::new(Some(1)).unwrap();
+        let built = Session::new(&model, &threads, "lookup.onnx", &SessionOptions::default());
+        match (built, ok) {
+            (Ok(s), true) => {
+                let x = NamedTensor {
+                    name: "x".into(),
+                    tensor: Tensor::from_shape(&[1, 2], &[0.0f32, 0.0]).unwrap(),
+                };
+                let y = s.run(&[x]).unwrap();
+                let got = first_f32(&y);
+                let row = index.rem_euclid(4) as f32;
+                assert_eq!(got, [2.0 * row, 2.0 * row + 1.0], "index {index}");
+            }
+            (Err(e), false) => {
+                let err = format!("{e:#}");
+                assert!(
+                    err.contains("/wpe/Gather") && !err.contains("panic"),
+                    "{err}"
+                );
+            }
+            (built, _) => panic!("index {index}: built = {:?}", built.err()),
+        }
+    }
 }

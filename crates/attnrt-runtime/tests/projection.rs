@@ -1,8 +1,9 @@
-//! `MatMul` and `Gemm` by a constant weight run on attnrt's projection op (`Backend::Attnrt`),
-//! every other `MatMul`/`Gemm` on tract's, and both backends give the same numbers.
+//! `MatMul` and `Gemm` by a constant weight run on attnrt's projection op
+//! (`SessionOptions::attnrt_ops`), every other `MatMul`/`Gemm` on tract's, and both give the same
+//! numbers.
 
 use attnrt_onnx::{DataType, ModelProto};
-use attnrt_runtime::{Backend, NamedTensor, Session, Tensor, Threads};
+use attnrt_runtime::{NamedTensor, Session, SessionOptions, Tensor, Threads};
 use attnrt_testkit::{
     model, node, node_with_attrs, seeded_values as values, tensor_f32, value_info, GraphBuilder,
 };
@@ -53,10 +54,20 @@ fn matmul_model(x_dims: &[i64], w: Option<&[i64]>, transpose_w: bool) -> ModelPr
 fn run(
     m: &ModelProto,
     inputs: &[NamedTensor],
-    backend: Backend,
+    attnrt_ops: bool,
 ) -> (Vec<f32>, Vec<usize>, Vec<String>) {
     let threads = Threads::new(Some(2)).unwrap();
-    let s = Session::build_with(m, inputs, &threads, "mm.onnx", backend).unwrap();
+    let s = Session::build_with_options(
+        m,
+        inputs,
+        &threads,
+        "mm.onnx",
+        &SessionOptions {
+            attnrt_ops,
+            ..SessionOptions::per_shape()
+        },
+    )
+    .unwrap();
     let out = s.run(inputs).unwrap();
     let t = &out[0].tensor;
     let v = t
@@ -69,14 +80,14 @@ fn run(
 }
 
 fn check(m: &ModelProto, inputs: &[NamedTensor], expect_projection: bool) {
-    let (a, a_shape, a_ops) = run(m, inputs, Backend::Attnrt);
-    let (t, t_shape, t_ops) = run(m, inputs, Backend::Tract);
+    let (a, a_shape, a_ops) = run(m, inputs, true);
+    let (t, t_shape, t_ops) = run(m, inputs, false);
     assert_eq!(a_shape, t_shape);
     let uses = a_ops.iter().any(|o| o == "AttnrtProjection");
-    assert_eq!(uses, expect_projection, "attnrt backend ops: {a_ops:?}");
+    assert_eq!(uses, expect_projection, "ops with attnrt_ops: {a_ops:?}");
     assert!(
         !t_ops.iter().any(|o| o == "AttnrtProjection"),
-        "tract backend ops: {t_ops:?}"
+        "ops without attnrt_ops: {t_ops:?}"
     );
     for (i, (x, y)) in a.iter().zip(&t).enumerate() {
         assert!(
@@ -123,8 +134,8 @@ fn a_transposed_constant_weight_gives_the_same_numbers() {
     // The weight is computed (Transpose of an initializer): whichever op runs it, the answer
     // must be tract's.
     let m = matmul_model(&[1, 9, 12], Some(&[5, 12]), true);
-    let (a, _, _) = run(&m, &[input("x", &[1, 9, 12], 3)], Backend::Attnrt);
-    let (t, _, _) = run(&m, &[input("x", &[1, 9, 12], 3)], Backend::Tract);
+    let (a, _, _) = run(&m, &[input("x", &[1, 9, 12], 3)], true);
+    let (t, _, _) = run(&m, &[input("x", &[1, 9, 12], 3)], false);
     assert_eq!(a.len(), 45);
     for (x, y) in a.iter().zip(&t) {
         assert!((x - y).abs() <= 1e-5 + 1e-5 * y.abs());
@@ -296,8 +307,8 @@ fn a_constant_bias_add_folds_into_the_projection_only_when_exact() {
         if b_dims.is_none() {
             inputs.push(input("b", &[20], 4));
         }
-        let (a, a_shape, a_ops) = run(&m, &inputs, Backend::Attnrt);
-        let (t, t_shape, _) = run(&m, &inputs, Backend::Tract);
+        let (a, a_shape, a_ops) = run(&m, &inputs, true);
+        let (t, t_shape, _) = run(&m, &inputs, false);
         let what = format!("bias {b_dims:?} first={bias_first} shared={shared}");
         assert_eq!(a_shape, t_shape, "{what}");
         assert!(

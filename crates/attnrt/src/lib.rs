@@ -33,7 +33,8 @@
 //!
 //! The parts, re-exported whole: [`onnx`] (load, validate and save models), [`fusion`] (find
 //! and fuse attention blocks, explain every candidate), [`runtime`] (sessions on tract with
-//! attnrt's attention kernel). This crate adds [`harness`] (inputs from files or random data,
+//! attnrt's attention kernel); what a program on attnrt (the `attnrt` command, the Python
+//! package) uses of them is re-exported at the top of this crate too. This crate adds [`harness`] (inputs from files or random data,
 //! diffs, timing, and [`harness::compare()`], the fuse → run fused → run unfused → diff pipeline
 //! behind `attnrt run`) and [`generate`] (decoders with a key/value cache, token by token).
 //! `examples/fuse_and_run.rs` and `examples/explain.rs` show both jobs end to end.
@@ -51,10 +52,19 @@ pub use attnrt_fusion as fusion;
 pub use attnrt_onnx as onnx;
 pub use attnrt_runtime as runtime;
 
-pub use attnrt_fusion::{Fused, FusionOptions, FusionReport};
-pub use attnrt_onnx::{Limits, ModelProto};
+// Models: load (with limits, from a file or bytes), validate, save.
+pub use attnrt_onnx::save::write_atomic;
+pub use attnrt_onnx::{
+    load_model, load_model_from_bytes, save_model, Limits, LoadedModel, MemoryBudget, Message,
+    ModelProto, SaveOptions,
+};
+// Fusion: the fused model, its report, and a block's graph for Graphviz.
+pub use attnrt_fusion::{block_dot, Fused, FusionOptions, FusionReport};
+// Sessions: options, threads, tensors, what ran and where the time went.
 pub use attnrt_runtime::{
-    Backend, DatumType, NamedTensor, Session, SessionOptions, ShapePolicy, Tensor, Threads,
+    declared_inputs, dtype_name, f16, kernel_isa, panic_is_guarded, Datum, DatumType, DeclaredDim,
+    DeclaredInput, NamedTensor, OpCounts, Profile, ProfileReport, Session, SessionOptions,
+    ShapePolicy, Tensor, Threads,
 };
 
 /// Loads an ONNX model (external data read from the model's folder), under the default
@@ -66,7 +76,12 @@ pub fn load(path: impl AsRef<Path>) -> Result<ModelProto> {
 /// Fuses every attention block of `model` that is provably exact; [`Fused::report`] lists the
 /// blocks fused and every near miss with the check that failed.
 pub fn fuse(model: &ModelProto) -> Result<Fused> {
-    attnrt_fusion::fuse(model, &FusionOptions::default())
+    fuse_with(model, &FusionOptions::default())
+}
+
+/// [`fuse`] with these options (strict blocks only, GELUs left as exported...).
+pub fn fuse_with(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
+    attnrt_fusion::fuse(model, options)
 }
 
 /// A session for `model` on all cores, with the default [`SessionOptions`] (plans per input

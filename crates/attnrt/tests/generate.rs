@@ -14,7 +14,7 @@ use attnrt::generate::{
 use attnrt::harness::Tolerance;
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, Limits, ModelProto};
-use attnrt_runtime::{Backend, Threads};
+use attnrt_runtime::Threads;
 
 fn models_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
@@ -52,14 +52,12 @@ fn fused_decoders_generate_the_unfused_tokens_with_two_plans() {
     for file in files {
         let original = load(&file);
         let fused = fuse(&original, &FusionOptions::default()).unwrap().model;
-        let generator =
-            Generator::new(&fused, Some(&original), &threads, &file, Backend::Attnrt).unwrap();
+        let generator = Generator::new(&fused, Some(&original), &threads, &file).unwrap();
         let options = GenerationOptions {
             prompt: vec![3, 14, 15, 92, 65],
             max_new_tokens: 6,
             eos_token: None,
             check: Some(tol),
-            backend: Backend::Attnrt,
             sampling: SamplingOptions::default(),
             max_length: None,
         };
@@ -83,13 +81,12 @@ fn eos_stops_generation_and_keeps_the_token() {
     let file = &decoders()[0];
     let model = load(file);
     let threads = Threads::new(Some(1)).unwrap();
-    let g = Generator::new(&model, None, &threads, file, Backend::Attnrt).unwrap();
+    let g = Generator::new(&model, None, &threads, file).unwrap();
     let mut options = GenerationOptions {
         prompt: vec![1, 2, 3],
         max_new_tokens: 5,
         eos_token: None,
         check: None,
-        backend: Backend::Attnrt,
         sampling: SamplingOptions::default(),
         max_length: None,
     };
@@ -130,14 +127,13 @@ fn generation_stops_at_the_context_or_keeps_its_tokens_when_a_step_fails() {
     let file = "gpt2_cache_eager.ts.onnx";
     let model = load(file);
     let threads = Threads::new(Some(1)).unwrap();
-    let g = Generator::new(&model, None, &threads, file, Backend::Attnrt).unwrap();
+    let g = Generator::new(&model, None, &threads, file).unwrap();
     assert_eq!(g.context().unwrap().positions, 128);
     let mut options = GenerationOptions {
         prompt: vec![1, 2, 3],
         max_new_tokens: 10,
         eos_token: None,
         check: None,
-        backend: Backend::Attnrt,
         max_length: Some(7),
         sampling: SamplingOptions::default(),
     };
@@ -180,7 +176,7 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
     let fused = fuse(&original, &FusionOptions::default()).unwrap().model;
     let sampled = |threads: usize, seed: u64, top_k: usize| {
         let threads = Threads::new(Some(threads)).unwrap();
-        let g = Generator::new(&fused, Some(&original), &threads, file, Backend::Attnrt).unwrap();
+        let g = Generator::new(&fused, Some(&original), &threads, file).unwrap();
         let options = GenerationOptions {
             prompt: vec![3, 14, 15],
             max_new_tokens: 12,
@@ -189,7 +185,6 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
                 atol: 1e-4,
                 rtol: 1e-4,
             }),
-            backend: Backend::Attnrt,
             max_length: None,
             sampling: SamplingOptions {
                 do_sample: true,
@@ -209,13 +204,12 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
     assert_eq!(a, sampled(2, 5, 0), "{file}: same seed, other thread count");
     assert_ne!(a, sampled(1, 6, 0), "{file}: another seed");
     let threads = Threads::new(Some(1)).unwrap();
-    let g = Generator::new(&fused, None, &threads, file, Backend::Attnrt).unwrap();
+    let g = Generator::new(&fused, None, &threads, file).unwrap();
     let greedy = GenerationOptions {
         prompt: vec![3, 14, 15],
         max_new_tokens: 12,
         eos_token: None,
         check: None,
-        backend: Backend::Attnrt,
         max_length: None,
         sampling: SamplingOptions {
             repetition_penalty: 1.1,

@@ -4,45 +4,89 @@
 //!
 //! Every `Tanh`/`Erf` whose input is scaled by the form's constant is a candidate; one that
 //! does not complete the pattern is a near miss of rule `gelu`. The matches do not overlap, so
-//! the pass rewrites them all at once.
+//! the pass ([`GeluPass`], driven by [`crate::pass::run`]) proves and rewrites them all as one
+//! candidate ([`Gelus`]).
 
 pub mod gelu;
 
 use std::collections::BTreeSet;
 
 use anyhow::{Context, Result};
-use attnrt_onnx::{attr, node_label, validate::topo_order, GraphProto, ModelProto, NodeProto};
-use serde::Serialize;
+use attnrt_onnx::{
+    attr, node_label, opset, validate::topo_order, GraphProto, ModelProto, NodeProto,
+};
 
 use crate::graph::GraphView;
 use crate::mismatch::Mismatch;
+use crate::pass::FusionPass;
+use crate::report::{FusedActivation, FusionReport, NearMiss};
 
 /// The opset ONNX `Gelu` needs.
 pub const GELU_OPSET: i64 = 20;
 
-/// One fused activation.
-#[derive(Serialize, Clone, Debug)]
-pub struct FusedActivation {
-    /// The fused node's name (`attnrt/Gelu_<i>`).
-    pub node: String,
-    /// The rule and form (`gelu[tanh]`, `gelu[erf]`).
-    pub rule: String,
-    /// The anchor node (the `Tanh` or `Erf`).
-    pub anchor: String,
-    /// Labels of the nodes removed.
-    pub replaced: Vec<String>,
+/// The GELU pass.
+pub struct GeluPass;
+
+/// The GELUs of one graph, proven and rewritten together (they never overlap).
+pub struct Gelus(Vec<gelu::GeluMatch>);
+
+impl FusionPass for GeluPass {
+    type Candidate = Gelus;
+
+    const NAME: &'static str = "GELU";
+    const OPSET: i64 = GELU_OPSET;
+    const RAISE_FOR: &'static str = " (Gelu)";
+
+    fn find(
+        &self,
+        model: &ModelProto,
+        opset: i64,
+        report: &mut FusionReport,
+    ) -> Result<Vec<Gelus>> {
+        let found = find(
+            model.graph.as_ref().context("the model has no graph")?,
+            opset,
+        )?;
+        for (anchor, m) in found.misses {
+            report
+                .near_misses
+                .push(NearMiss::of_rule("gelu", anchor, m));
+        }
+        if found.matches.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(vec![Gelus(found.matches)])
+    }
+
+    /// The GELUs of `work` (after a raise, node indices may differ).
+    fn rematch(&self, work: &ModelProto, _: Gelus, _: &mut FusionReport) -> Result<Option<Gelus>> {
+        let g = work.graph.as_ref().context("no graph")?;
+        let matches = find(g, opset::default_version(work).unwrap_or(1))?.matches;
+        Ok((!matches.is_empty()).then_some(Gelus(matches)))
+    }
+
+    fn rewrite(
+        &self,
+        work: &mut ModelProto,
+        gelus: Gelus,
+        report: &mut FusionReport,
+    ) -> Result<String> {
+        let fused = rewrite(work, &gelus.0, report.activations.len())?;
+        report.activations.extend(fused);
+        Ok("its GELUs".into())
+    }
 }
 
 /// What the pass found on one graph: the matches, and the anchors that did not match.
-pub struct Found {
+struct Found {
     /// Proven GELUs.
-    pub matches: Vec<gelu::GeluMatch>,
+    matches: Vec<gelu::GeluMatch>,
     /// `(anchor label, why)` of candidates that did not match.
-    pub misses: Vec<(String, Mismatch)>,
+    misses: Vec<(String, Mismatch)>,
 }
 
 /// Finds the GELUs of `graph` (of default-domain opset `opset`).
-pub fn find(graph: &GraphProto, opset: i64) -> Result<Found> {
+fn find(graph: &GraphProto, opset: i64) -> Result<Found> {
     let order = topo_order(graph).context("the graph has a cycle")?;
     let view = GraphView::new(graph, &order, opset);
     let mut found = Found {
@@ -68,7 +112,7 @@ pub fn find(graph: &GraphProto, opset: i64) -> Result<Found> {
 
 /// Replaces every match in `model` by one `Gelu` node (`attnrt/Gelu_<first + i>`); the model
 /// must already be at opset ≥ [`GELU_OPSET`]. Returns the report entries.
-pub fn rewrite(
+fn rewrite(
     model: &mut ModelProto,
     matches: &[gelu::GeluMatch],
     first: usize,

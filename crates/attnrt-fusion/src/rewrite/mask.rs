@@ -15,7 +15,7 @@ pub(super) fn build(
     names: &Names,
     new: &mut Inserted,
 ) -> Result<(Option<String>, String)> {
-    match m.masks.as_slice() {
+    match m.mask.masks.as_slice() {
         [] => Ok((None, "none".into())),
         [MaskLayer::Add { term, .. }] => Ok((Some(term.clone()), "additive".into())),
         [MaskLayer::Fill {
@@ -129,7 +129,11 @@ pub(super) fn expand(
     names: &Names,
     new: &mut Inserted,
 ) -> Result<String> {
-    let seq_axis = if m.layout == Layout::FourD { 2 } else { 1 };
+    let seq_axis = if m.placed.layout == Layout::FourD {
+        2
+    } else {
+        1
+    };
     let shape_attrs = || {
         vec![
             attr::make_int("start", seq_axis),
@@ -139,18 +143,18 @@ pub(super) fn expand(
     let lq = new.node(
         names.fresh("Lq_shape")?,
         "Shape",
-        vec![m.q.clone()],
+        vec![m.placed.q.clone()],
         names.fresh("Lq")?,
         shape_attrs(),
     );
     let mut lk = new.node(
         names.fresh("Lk_shape")?,
         "Shape",
-        vec![m.v.clone()],
+        vec![m.placed.v.clone()],
         names.fresh("Lk")?,
         shape_attrs(),
     );
-    if let Some(kv) = &m.kv_cache {
+    if let Some(kv) = &m.placed.kv {
         // The keys are the past's and this step's: Lk = P + L.
         let past = new.node(
             names.fresh("past_len_shape")?,

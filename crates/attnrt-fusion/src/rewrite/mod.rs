@@ -35,8 +35,8 @@ pub fn rewrite(graph: &mut GraphProto, m: &AttentionMatch, name: &str) -> Result
     let names = Names::new(graph, name);
     let mut new = Inserted::default();
     // K: insert one Transpose when the graph only has Kᵀ (or K in another order).
-    let mut k = m.k.source.clone();
-    if let Some(perm) = &m.k.perm {
+    let mut k = m.placed.k.source.clone();
+    if let Some(perm) = &m.placed.k.perm {
         k = new.node(
             names.fresh("K_transpose")?,
             "Transpose",
@@ -47,12 +47,12 @@ pub fn rewrite(graph: &mut GraphProto, m: &AttentionMatch, name: &str) -> Result
     }
     let (mask, mask_kind) = mask::build(graph, m, &names, &mut new)?;
     let mask = match mask {
-        Some(t) if m.expand_mask => Some(mask::expand(m, t, &names, &mut new)?),
+        Some(t) if m.mask.expand => Some(mask::expand(m, t, &names, &mut new)?),
         other => other,
     };
-    let mut inputs = vec![m.q.clone(), k, m.v.clone()];
+    let mut inputs = vec![m.placed.q.clone(), k, m.placed.v.clone()];
     inputs.extend(mask);
-    if let Some(kv) = &m.kv_cache {
+    if let Some(kv) = &m.placed.kv {
         cache_shape::replace_readers(graph, kv, &names, &mut new)?;
         // Inputs 4 and 5; an absent mask is the empty name.
         inputs.resize(3 + 1, String::new());
@@ -70,17 +70,17 @@ pub fn rewrite(graph: &mut GraphProto, m: &AttentionMatch, name: &str) -> Result
 /// The fused node's attributes.
 fn attributes(m: &AttentionMatch) -> Vec<AttributeProto> {
     let mut attrs = Vec::new();
-    if let Layout::ThreeD { q_heads, kv_heads } = m.layout {
+    if let Layout::ThreeD { q_heads, kv_heads } = m.placed.layout {
         attrs.push(attr::make_int("q_num_heads", q_heads));
         attrs.push(attr::make_int("kv_num_heads", kv_heads));
     }
-    if let Some(s) = m.scale_attr {
+    if let Some(s) = m.scale.value() {
         attrs.push(attr::make_float("scale", s));
     }
-    if m.is_causal {
+    if m.mask.is_causal {
         attrs.push(attr::make_int("is_causal", 1));
     }
-    if let Some(c) = m.softcap {
+    if let Some(c) = m.placed.core.softcap {
         attrs.push(attr::make_float("softcap", c));
     }
     if let Some(tap) = &m.qk_output {
@@ -101,8 +101,8 @@ fn attention_node(
     names: &Names,
     new: &mut Inserted,
 ) -> Result<()> {
-    let mut output = m.output.clone();
-    if m.layout == Layout::Batched {
+    let mut output = m.placed.output.clone();
+    if m.placed.layout == Layout::Batched {
         // (N, L, d) batched MatMuls: heads are independent, so [1, N, L, d] 4-D attention
         // computes the same thing.
         let axes = names.fresh("axes0")?;
@@ -127,7 +127,7 @@ fn attention_node(
         output = y4;
     }
     // Outputs: Y, present_key, present_value, qk_matmul_output; unproduced ones are empty.
-    let (present_key, present_value) = match &m.kv_cache {
+    let (present_key, present_value) = match &m.placed.kv {
         Some(kv) => (kv.present_key.clone(), kv.present_value.clone()),
         None => (String::new(), String::new()),
     };

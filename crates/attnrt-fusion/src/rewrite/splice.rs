@@ -23,7 +23,8 @@ pub(super) fn splice(
 ) -> Result<Vec<String>> {
     graph.initializer.extend(new.inits);
     declare_inputs(graph, m);
-    replace_nodes(graph, &m.core, new.nodes).with_context(|| format!("after fusing {name}"))
+    replace_nodes(graph, &m.placed.core.nodes, new.nodes)
+        .with_context(|| format!("after fusing {name}"))
 }
 
 /// Replaces the nodes `core` of `graph` by `inserted` (placed where the last of them stood),

@@ -13,20 +13,30 @@ use attnrt_onnx::attr;
 use super::k_transpose::KInput;
 use crate::graph::GraphView;
 
+/// K and V before their repeat: what the fused node reads, with `kv_num_heads` the heads
+/// before it.
+#[derive(Clone, Debug)]
+pub struct BeforeRepeat {
+    /// K before the repeat (read as it is: no transpose).
+    pub k: KInput,
+    /// V before the repeat.
+    pub v: String,
+}
+
 /// K and V before their repeat, when both are repeated and K needs no transpose.
-pub fn before_repeat(view: &GraphView, k: &KInput, v: &str) -> Option<(KInput, String)> {
+pub fn before_repeat(view: &GraphView, k: &KInput, v: &str) -> Option<BeforeRepeat> {
     if k.perm.is_some() {
         return None;
     }
     let kv = unrepeat(view, &k.source)?;
     let vv = unrepeat(view, v)?;
-    Some((
-        KInput {
+    Some(BeforeRepeat {
+        k: KInput {
             source: kv,
             perm: None,
         },
-        vv,
-    ))
+        v: vv,
+    })
 }
 
 /// The tensor `kv` with `k4 = Reshape(Expand(Unsqueeze(kv, [2]), …), …)` repeating its heads.

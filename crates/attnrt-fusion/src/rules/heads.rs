@@ -1,49 +1,59 @@
-//! 4-D attention `[B, H, L, D]`: K and V before a grouped-query repeat ([`super::gqa`]), one
-//! batch for Q, K and V, and heads that match:
+//! 4-D attention `[B, H, L, D]`: K and V as the fused node reads them (before a grouped-query
+//! repeat when [`super::gqa`] found one), one batch for Q, K and V, and heads that match:
 //!
 //! ```text
 //! H_q = H_kv  |  H_kv = 1  |  H_q = n · H_kv after an un-repeated GQA repeat
 //! ```
-//!
-//! then a decoder's cache joins taken over ([`super::kv_cache`]), then the 3-D layout when
-//! the head split and merge around the core can be absorbed ([`super::three_d`]).
 
 use attnrt_onnx::node_label;
 
 use super::core::Core;
-use super::gqa;
+use super::gqa::BeforeRepeat;
 use super::k_transpose::KInput;
-use super::kv_cache;
-use super::placed::{Layout, Placed, Shapes};
-use super::three_d;
-use crate::graph::{shape_str, GraphView};
+use super::placed::Shapes;
+use crate::graph::{shape_str, Dim, GraphView};
 use crate::mismatch::{Check, Mismatch};
 
-/// Places a rank-4 core: grouped-query un-repeat, heads, the cache joins (when
-/// `absorb_cache`), then the 3-D layout when possible.
-pub fn place(
+/// K and V of a 4-D block as the fused node reads them, with their proven heads.
+#[derive(Clone, Debug)]
+pub struct KvOperands {
+    /// K (before the repeat, when un-repeated).
+    pub k: KInput,
+    /// V (before the repeat, when un-repeated).
+    pub v: String,
+    /// V's shape `[B, Hkv, L, Dv]`.
+    pub v_shape: Vec<Dim>,
+    /// Heads of Q and K/V, when known.
+    pub heads: (Option<i64>, Option<i64>),
+    /// Whether K and V are read before a grouped-query repeat.
+    pub unrepeated: bool,
+}
+
+/// Checks batch and heads of a rank-4 core whose K is `k` (as [`super::k_transpose`] found
+/// it), reading K and V before their repeat when `repeat` is given.
+pub fn check(
     view: &GraphView,
-    mut core: Core,
+    core: &Core,
     k: KInput,
     s: &Shapes,
-    absorb_cache: bool,
-) -> Result<Placed, Mismatch> {
+    repeat: Option<BeforeRepeat>,
+) -> Result<KvOperands, Mismatch> {
     let at = node_label(view.node(core.qk));
     let refuse = |check, expected: &str, found: String| Mismatch::new(&at, check, expected, found);
-    let (mut k, mut v) = (k, core.v.clone());
-    let (mut k4, mut v4) = (s.k(), s.v.clone());
-    if let Some((kv, vv)) = gqa::before_repeat(view, &k, &v) {
-        let (Some(ks), Some(vs)) = (view.shape(&kv.source), view.shape(&vv)) else {
-            return Err(refuse(
-                Check::Shapes,
-                "known shapes of K/V before the repeat",
-                "shapes of K/V before the GQA repeat unknown".into(),
-            ));
-        };
-        (k4, v4) = (ks.to_vec(), vs.to_vec());
-        (k, v) = (kv, vv);
-        core.tags.push("gqa".into());
-    }
+    let unrepeated = repeat.is_some();
+    let (k, v, k4, v4) = match repeat {
+        None => (k, core.v.clone(), s.k(), s.v.clone()),
+        Some(r) => {
+            let (Some(ks), Some(vs)) = (view.shape(&r.k.source), view.shape(&r.v)) else {
+                return Err(refuse(
+                    Check::Shapes,
+                    "known shapes of K/V before the repeat",
+                    "shapes of K/V before the GQA repeat unknown".into(),
+                ));
+            };
+            (r.k, r.v, ks.to_vec(), vs.to_vec())
+        }
+    };
     let qs = &s.q;
     if !(qs[0] == k4[0] && qs[0] == v4[0]) {
         return Err(refuse(
@@ -71,7 +81,6 @@ pub fn place(
     let heads = (qs[1].as_known(), k4[1].as_known());
     // Without a recognised repeat, MatMul broadcasting allows only equal heads or one K/V
     // head; after un-repeating, the Q heads are a multiple of the K/V heads.
-    let unrepeated = core.tags.iter().any(|t| t == "gqa");
     let heads_ok = qs[1] == k4[1]
         || k4[1].is(1)
         || (unrepeated && matches!(heads, (Some(a), Some(b)) if b > 0 && a % b == 0));
@@ -86,24 +95,11 @@ pub fn place(
             ),
         ));
     }
-    let output = core.output.clone();
-    let mut placed = Placed {
-        q: core.q.clone(),
+    Ok(KvOperands {
         k,
         v,
-        output,
-        layout: Layout::FourD,
+        v_shape: v4,
         heads,
-        core,
-        kv: None,
-    };
-    if absorb_cache {
-        if let Some(kept) = kv_cache::absorb(view, &mut placed) {
-            placed.core.tags.push(kept);
-        }
-    }
-    // The joined and this step's V have the same heads and head size: the merge's check
-    // holds for either.
-    three_d::absorb(view, &mut placed, qs, &v4);
-    Ok(placed)
+        unrepeated,
+    })
 }

@@ -11,14 +11,18 @@
 //! and 2, which the spec defines as exactly these concatenations), so the two `Concat`s go with
 //! the block. Both K and V must have one, or neither is absorbed (the op takes past key and
 //! value together). A join the fused node cannot take over is left in the graph, and the block
-//! fuses reading the joined K and V, as without a cache; the report's tags say why.
+//! fuses reading the joined K and V, as without a cache; the report's tags say why ([`Kept`]).
+//!
+//! Two stages of the pipeline (`rules/mod.rs`): [`joins`] finds the joins above K and V, and
+//! once the block that reads this step's K and V is matched, [`takeover`] says whether the
+//! fused node can produce them (no input of the block is computed from them) — the pipeline
+//! then takes that block, or the one reading the joined K and V.
 
 use std::collections::HashSet;
 
-use attnrt_onnx::{attr, node_label};
+use attnrt_onnx::attr;
 
 use super::k_transpose::KInput;
-use super::placed::Placed;
 use crate::graph::GraphView;
 use crate::masks::MaskLayer;
 use crate::mismatch::{Check, Mismatch};
@@ -52,39 +56,83 @@ struct Join {
     output: String,
 }
 
-/// Absorbs the cache joins above K and V into the placed block: K and V become this step's
-/// keys and values, the joins' nodes join the block. Returns a tag for the report when a
-/// join exists but stays outside (and why), `None` otherwise.
-pub fn absorb(view: &GraphView, p: &mut Placed) -> Option<String> {
-    if p.k.perm.is_some() {
-        return join_above(view, &p.k.source)
-            .map(|_| "cache-concat kept (K is read transposed)".to_string());
+/// Why a decoder's cache joins stay outside the fused node (which then reads the joined K
+/// and V).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Kept {
+    /// K is read through a transpose.
+    Transposed,
+    /// Only one of K and V is joined.
+    OneJoined,
+    /// K and V are the same join.
+    SameJoin,
+    /// An input of the block is computed from a join (the fused node cannot produce its own
+    /// input).
+    ReadByBlock(Mismatch),
+}
+
+impl Kept {
+    /// The tag for the report's rule: `cache-concat kept (why)`.
+    pub fn tag(&self) -> String {
+        let why = match self {
+            Kept::Transposed => "K is read transposed",
+            Kept::OneJoined => "only one of K and V is joined",
+            Kept::SameJoin => "K and V are the same join",
+            Kept::ReadByBlock(m) => &m.found,
+        };
+        format!("cache-concat kept ({why})")
     }
-    let (kj, vj) = match (join_above(view, &p.k.source), join_above(view, &p.v)) {
-        (None, None) => return None,
+}
+
+/// The cache joins found above K and V.
+#[derive(Clone, Debug)]
+pub enum Joins {
+    /// Neither K nor V is joined.
+    Absent,
+    /// Joins that the fused node cannot take over.
+    Kept(Kept),
+    /// Joins the fused node can take over, if nothing it reads is computed from them
+    /// ([`takeover`]).
+    Found(FoundJoins),
+}
+
+/// A pair of cache joins the fused node may take over.
+#[derive(Clone, Debug)]
+pub struct FoundJoins {
+    /// The cache tensors (`shape_readers` still empty).
+    pub cache: KvCache,
+    /// The two `Concat` nodes, which go with the block.
+    pub nodes: [usize; 2],
+}
+
+/// The joins above K and V (K read as `k`).
+pub fn joins(view: &GraphView, k: &KInput, v: &str) -> Joins {
+    if k.perm.is_some() {
+        return match join_above(view, &k.source) {
+            Some(_) => Joins::Kept(Kept::Transposed),
+            None => Joins::Absent,
+        };
+    }
+    let (kj, vj) = match (join_above(view, &k.source), join_above(view, v)) {
+        (None, None) => return Joins::Absent,
         (Some(k), Some(v)) => (k, v),
-        _ => return Some("cache-concat kept (only one of K and V is joined)".into()),
+        _ => return Joins::Kept(Kept::OneJoined),
     };
     if kj.output == vj.output {
-        return Some("cache-concat kept (K and V are the same join)".into());
+        return Joins::Kept(Kept::SameJoin);
     }
-    p.core.nodes.extend([kj.node, vj.node]);
-    p.core.tags.push("kv-cache".into());
-    p.k = KInput {
-        source: kj.new.clone(),
-        perm: None,
-    };
-    p.v = vj.new.clone();
-    p.kv = Some(KvCache {
-        past_key: kj.past,
-        past_value: vj.past,
-        present_key: kj.output,
-        present_value: vj.output,
-        new_key: kj.new,
-        new_value: vj.new,
-        shape_readers: Vec::new(),
-    });
-    None
+    Joins::Found(FoundJoins {
+        nodes: [kj.node, vj.node],
+        cache: KvCache {
+            past_key: kj.past,
+            past_value: vj.past,
+            present_key: kj.output,
+            present_value: vj.output,
+            new_key: kj.new,
+            new_value: vj.new,
+            shape_readers: Vec::new(),
+        },
+    })
 }
 
 /// The join `Concat(past, new, axis = 2)` of rank-4 tensors producing `t` (through
@@ -112,22 +160,35 @@ fn join_above(view: &GraphView, t: &str) -> Option<Join> {
     })
 }
 
-/// The fused node produces the joins, so none of its inputs (Q, K, V and the tensors of the
-/// `masks` it reads) may be computed from them (that would be a cycle), except through `Shape`
-/// (recorded in `shape_readers` for the rewrite).
-pub fn check_acyclic(
+/// Whether the fused node can produce a pair of joins it reads this step's K and V from.
+#[derive(Clone, Debug)]
+pub enum Takeover {
+    /// It can; these `Shape` nodes reading a join are recomputed by the rewrite.
+    Producible {
+        /// The `Shape` nodes, sorted.
+        shape_readers: Vec<usize>,
+    },
+    /// It cannot: the joins stay outside.
+    Kept(Kept),
+}
+
+/// Whether the fused node can produce the joins of `cache`: none of its inputs (`q`, `k`, `v`
+/// and the tensors of the `masks` it reads) may be computed from them (that would be a cycle),
+/// except through `Shape`. `at` labels the block (its QK MatMul).
+pub fn takeover(
     view: &GraphView,
-    p: &mut Placed,
+    cache: &KvCache,
+    [q, k, v]: [&str; 3],
     masks: &[MaskLayer],
-) -> Result<(), Mismatch> {
-    let Some(kv) = &p.kv else { return Ok(()) };
-    let presents = [kv.present_key.as_str(), kv.present_value.as_str()];
+    at: &str,
+) -> Takeover {
+    let presents = [cache.present_key.as_str(), cache.present_value.as_str()];
     let mut pending: Vec<&str> = masks
         .iter()
         .flat_map(MaskLayer::tensors)
         .map(String::as_str)
         .collect();
-    pending.extend([p.q.as_str(), p.k.source.as_str(), p.v.as_str()]);
+    pending.extend([q, k, v]);
     let mut seen: HashSet<&str> = HashSet::new();
     let mut shape_readers = Vec::new();
     while let Some(t) = pending.pop() {
@@ -135,12 +196,12 @@ pub fn check_acyclic(
             continue;
         }
         if presents.contains(&t) {
-            return Err(Mismatch::new(
-                node_label(view.node(p.core.qk)),
+            return Takeover::Kept(Kept::ReadByBlock(Mismatch::new(
+                at,
                 Check::KvCache,
                 "block inputs computed without the joined cache (or only from its shape)",
                 format!("an input of the block is computed from the joined cache '{t}'"),
-            ));
+            )));
         }
         let Some(q) = view.producer(t) else { continue };
         let n = view.node(q);
@@ -152,10 +213,5 @@ pub fn check_acyclic(
     }
     shape_readers.sort_unstable();
     shape_readers.dedup();
-    // The rewrite replaces them (their outputs keep their names).
-    p.core.nodes.extend(&shape_readers);
-    if let Some(kv) = &mut p.kv {
-        kv.shape_readers = shape_readers;
-    }
-    Ok(())
+    Takeover::Producible { shape_readers }
 }

@@ -32,7 +32,6 @@ pub fn plan(
     qk_output_mode: Option<i64>,
     past_key: Option<&str>,
     strict: bool,
-    tags: &mut Vec<String>,
 ) -> Result<MaskPlan, Mismatch> {
     let base = masks::caveats(view, &masks, scores)?;
     let mut plan = MaskPlan {
@@ -53,7 +52,7 @@ pub fn plan(
             Some(p) => past_length(view, p).map(Some),
         };
         plan.causal_note = Some(match past {
-            Ok(past) => use_causal(view, &mut plan, &base, scores, past.as_ref(), strict, tags),
+            Ok(past) => use_causal(view, &mut plan, &base, scores, past.as_ref(), strict),
             Err(note) => note,
         });
     }
@@ -86,7 +85,6 @@ fn use_causal(
     scores: &[Dim],
     past: Option<&Dim>,
     strict: bool,
-    tags: &mut Vec<String>,
 ) -> String {
     let proof = match causal::prove(view, &plan.masks, scores, past) {
         Ok(p) => p,
@@ -126,7 +124,6 @@ fn use_causal(
     plan.masks = with;
     plan.caveats.extend(c);
     plan.is_causal = true;
-    tags.push("causal".into());
     format!("is_causal=1: {}", proof.how)
 }
 

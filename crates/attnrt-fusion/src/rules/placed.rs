@@ -90,7 +90,7 @@ impl Shapes {
 /// A core with its operands placed: what the fused node reads and writes, in which layout.
 #[derive(Clone, Debug)]
 pub struct Placed {
-    /// The core (its nodes include an absorbed head merge).
+    /// The core (its nodes include absorbed cache joins and head merge).
     pub core: Core,
     /// Q as the fused node reads it.
     pub q: String,

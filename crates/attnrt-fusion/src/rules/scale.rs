@@ -130,19 +130,47 @@ impl Scale {
         Ok(())
     }
 
-    /// The `scale` attribute to emit (`None`: the op's default 1/sqrt(head_size)), tagging the
-    /// block with how it was chosen.
-    pub fn attribute(&self, head_size: Option<i64>, tags: &mut Vec<String>) -> Option<f32> {
+    /// The `scale` attribute to emit for a head size `head_size` (when known).
+    pub fn attribute(&self, head_size: Option<i64>) -> ScaleAttr {
         // Omit the attribute only when computed at run time and equal to the default.
         let default = head_size.map(|d| 1.0 / (d as f64).sqrt());
         if !self.seen {
-            tags.push("no-scale".into());
-            Some(1.0)
+            ScaleAttr::Unscaled
         } else if self.computed && default.is_some_and(|d| ((d - self.value) / d).abs() < 1e-6) {
-            tags.push("runtime-scale=default".into());
-            None
+            ScaleAttr::RuntimeDefault
         } else {
-            Some(self.value as f32)
+            ScaleAttr::Value(self.value as f32)
+        }
+    }
+}
+
+/// The `scale` attribute of the fused node, and how it was chosen.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ScaleAttr {
+    /// No scale layer (T5): `scale = 1`.
+    Unscaled,
+    /// A scale computed at run time equal to the op's default 1/sqrt(head_size): omitted.
+    RuntimeDefault,
+    /// The product of the factors.
+    Value(f32),
+}
+
+impl ScaleAttr {
+    /// The attribute to emit (`None`: the op's default 1/sqrt(head_size)).
+    pub fn value(self) -> Option<f32> {
+        match self {
+            ScaleAttr::Unscaled => Some(1.0),
+            ScaleAttr::RuntimeDefault => None,
+            ScaleAttr::Value(v) => Some(v),
+        }
+    }
+
+    /// The tag for the report's rule, when the choice is worth one.
+    pub fn tag(self) -> Option<&'static str> {
+        match self {
+            ScaleAttr::Unscaled => Some("no-scale"),
+            ScaleAttr::RuntimeDefault => Some("runtime-scale=default"),
+            ScaleAttr::Value(_) => None,
         }
     }
 }

@@ -12,42 +12,87 @@
 use attnrt_onnx::{attr, node_label};
 
 use super::k_transpose::{through_transposes, KInput};
-use super::placed::{Layout, Placed};
 use crate::graph::{shape_str, Dim, GraphView};
 use crate::mismatch::{Check, Mismatch};
 
-/// Switches `p` to the 3-D layout when Q, K and V all come from `[B, L, H·D]` projections and
-/// the output goes back to `[B, Lq, H·Dv]`; tags why not otherwise.
-pub fn absorb(view: &GraphView, p: &mut Placed, qs: &[Dim], v4: &[Dim]) {
-    let (qsrc, qperm) = through_transposes(view, &p.q, 4);
-    let (vsrc, vperm) = through_transposes(view, &p.v, 4);
-    let (ksrc, kperm) = match &p.k.perm {
-        Some(perm) => (p.k.source.clone(), perm.clone()),
-        None => through_transposes(view, &p.k.source, 4),
+/// The head layout of a 4-D block.
+#[derive(Clone, Debug)]
+pub enum HeadLayout {
+    /// The head split and merge are absorbed.
+    ThreeD(ThreeD),
+    /// The fused node reads the 4-D tensors; why the 3-D layout is not used (empty when the
+    /// split and merge match but Q and K differ in head size, or K and V in heads).
+    FourD(String),
+}
+
+/// The 3-D operands: `[B, L, H·D]` tensors in and out, and the merge nodes that go with the
+/// block.
+#[derive(Clone, Debug)]
+pub struct ThreeD {
+    /// Q before its head split.
+    pub q: String,
+    /// K before its head split (read as it is).
+    pub k: String,
+    /// V before its head split.
+    pub v: String,
+    /// The head merge's output, which the fused node writes.
+    pub output: String,
+    /// The head merge's nodes.
+    pub merge: Vec<usize>,
+    /// Query heads.
+    pub q_heads: i64,
+    /// Key/value heads.
+    pub kv_heads: i64,
+}
+
+impl HeadLayout {
+    /// The tag for the report's rule: `3d`, or `4d (why not)`.
+    pub fn tag(&self) -> String {
+        match self {
+            HeadLayout::ThreeD(_) => "3d".into(),
+            HeadLayout::FourD(why) => format!("4d ({why})"),
+        }
+    }
+}
+
+/// The 3-D layout when Q, K and V (as the fused node reads them: `q`, `k`, `v`, writing
+/// `output`) all come from `[B, L, H·D]` projections and the output goes back to
+/// `[B, Lq, H·Dv]`; the 4-D layout and why not otherwise. `qs` and `v4` are the 4-D shapes of
+/// Q and V.
+pub fn layout(
+    view: &GraphView,
+    q: &str,
+    k: &KInput,
+    v: &str,
+    output: &str,
+    qs: &[Dim],
+    v4: &[Dim],
+) -> HeadLayout {
+    let (qsrc, qperm) = through_transposes(view, q, 4);
+    let (vsrc, vperm) = through_transposes(view, v, 4);
+    let (ksrc, kperm) = match &k.perm {
+        Some(perm) => (k.source.clone(), perm.clone()),
+        None => through_transposes(view, &k.source, 4),
     };
     let splits = (
         head_split(view, &qsrc, &qperm),
         head_split(view, &ksrc, &kperm),
         head_split(view, &vsrc, &vperm),
     );
-    let merge = head_merge(view, &p.output, qs, v4);
+    let merge = head_merge(view, output, qs, v4);
     match (splits, merge) {
         ((Ok((xq, hq, dq)), Ok((xk, hk, dk)), Ok((xv, hv, _))), Ok((merge, out3)))
             if dq == dk && hk == hv =>
         {
-            p.layout = Layout::ThreeD {
+            HeadLayout::ThreeD(ThreeD {
+                q: xq,
+                k: xk,
+                v: xv,
+                output: out3,
+                merge,
                 q_heads: hq,
                 kv_heads: hk,
-            };
-            p.q = xq;
-            p.k = KInput {
-                source: xk,
-                perm: None,
-            };
-            p.v = xv;
-            p.core.nodes.extend(merge);
-            p.output = out3;
-            p.core.tags.push("3d".into());
+            })
         }
         (s, m) => {
             let why = [s.0.err(), s.1.err(), s.2.err(), m.err()]
@@ -56,7 +101,7 @@ pub fn absorb(view: &GraphView, p: &mut Placed, qs: &[Dim], v4: &[Dim]) {
                 .next()
                 .map(|m| m.found)
                 .unwrap_or_default();
-            p.core.tags.push(format!("4d ({why})"));
+            HeadLayout::FourD(why)
         }
     }
 }

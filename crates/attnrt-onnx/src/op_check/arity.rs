@@ -2,33 +2,11 @@
 //! (onnx/checker.cc `check_node` against the operator schema): a MatMul with one input is
 //! refused here, not left to hang later.
 
+use super::arity_bounds::Arity;
 use super::arity_table::ARITY;
 use super::error::Problem;
 use super::NodeCx;
 use crate::OpError;
-
-/// Marks an input or output list without an upper bound (a variadic parameter).
-pub(super) const N: usize = usize::MAX;
-
-/// How many inputs and outputs a schema version allows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Arity {
-    min_in: usize,
-    max_in: usize,
-    min_out: usize,
-    max_out: usize,
-}
-
-impl Arity {
-    pub(super) const fn new(min_in: usize, max_in: usize, min_out: usize, max_out: usize) -> Self {
-        Arity {
-            min_in,
-            max_in,
-            min_out,
-            max_out,
-        }
-    }
-}
 
 /// The arity of `op_type` at `opset`, for the operators in the table.
 fn arity(op_type: &str, opset: i64) -> Option<Arity> {
@@ -75,6 +53,7 @@ pub(super) fn check(cx: &NodeCx) -> Result<(), OpError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::arity_bounds::N;
     use super::*;
 
     #[test]

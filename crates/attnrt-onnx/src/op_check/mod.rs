@@ -10,6 +10,7 @@
 //! functions are not (their attributes may be references to the caller's).
 
 mod arity;
+mod arity_bounds;
 mod arity_table;
 mod axes;
 mod broadcast;

@@ -2,8 +2,9 @@
 //! kernel.
 //!
 //! tract-onnx's op register is keyed by `op_type` only (the domain is ignored) and a later insert
-//! replaces the built-in builder, so [`register`] makes every `Attention` node — the ones
-//! attnrt's fusion emits and the ones exporters already wrote — run here.
+//! replaces the built-in builder, so registering this module's parser (the op registry does)
+//! makes every `Attention` node — the ones attnrt's fusion emits and the ones exporters already
+//! wrote — run here.
 //!
 //! What this module owns is the ONNX-level part of the op: 3-D ↔ 4-D layouts (as strided views,
 //! no transpose is materialised), attribute defaults, `past_key`/`past_value` concatenation into
@@ -34,15 +35,13 @@ mod problem;
 pub mod semantics;
 pub mod typed;
 
-use tract_onnx::model::OnnxOpRegister;
+use crate::tract_parser::OnnxParser;
 
 pub use semantics::AttentionOp;
 pub use typed::{AttentionKernelOp, OP_NAME};
 
-/// Registers attnrt's builder for `Attention`, replacing tract's own.
-pub fn register(ops: &mut OnnxOpRegister) {
-    ops.insert("Attention", semantics::build_attention);
-}
+/// attnrt's builder for `Attention`, in place of tract's own (registered by the op registry).
+pub(crate) static PARSER: OnnxParser = OnnxParser::new("Attention", semantics::build_attention);
 
 #[cfg(test)]
 mod tests;

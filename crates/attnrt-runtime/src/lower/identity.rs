@@ -14,12 +14,13 @@ use std::collections::{HashMap, HashSet};
 use attnrt_onnx::passthrough::{self, PassthroughFacts};
 use attnrt_onnx::proto::{tensor_proto, AttributeProto, GraphProto, ModelProto};
 use attnrt_onnx::DataType;
+use tract_onnx::pb::GraphProto as TractGraph;
 
 use super::declared_types;
 
 /// The plan: which nodes (by index) go, and what each removed output is read as instead.
 #[derive(Debug, Default)]
-pub(crate) struct IdentityRemoval {
+struct IdentityRemoval {
     /// Per node of the top-level graph: removed.
     pub removed: Vec<bool>,
     /// Output of a removed node → the tensor it passes on (chains resolved).
@@ -99,7 +100,7 @@ fn has_subgraph(a: &AttributeProto) -> bool {
 
 /// Which nodes of `model`'s graph are identities at inference that can go (see the module
 /// docs). Linear in the size of the graph.
-pub(crate) fn plan_identity_removal(model: &ModelProto, opset: i64) -> IdentityRemoval {
+fn plan_identity_removal(model: &ModelProto, opset: i64) -> IdentityRemoval {
     let Some(g) = model.graph.as_ref() else {
         return IdentityRemoval::default();
     };
@@ -144,9 +145,16 @@ pub(crate) fn plan_identity_removal(model: &ModelProto, opset: i64) -> IdentityR
     plan
 }
 
+/// The pass: the identities of `model`'s graph leave `g`, tract's copy of it (the same nodes,
+/// in the same order: this pass runs before any pass that adds or removes nodes).
+pub(super) fn remove_identities(model: &ModelProto, g: &mut TractGraph) {
+    let opset = attnrt_onnx::opset::default_version(model).unwrap_or(1);
+    apply(g, &plan_identity_removal(model, opset));
+}
+
 /// Applies `plan` to the graph tract will read (the same nodes, in the same order, as the
 /// graph the plan was made on): removed nodes go, their readers read the passed-on tensor.
-pub(crate) fn remove_identities(g: &mut tract_onnx::pb::GraphProto, plan: &IdentityRemoval) {
+fn apply(g: &mut TractGraph, plan: &IdentityRemoval) {
     if plan.count() == 0 || plan.removed.len() != g.node.len() {
         return;
     }

@@ -27,7 +27,7 @@ use super::types::ElemTypes;
 
 /// The `Pow` nodes to rewrite, by output name, with their exponent.
 #[derive(Debug, Default)]
-pub(crate) struct PowRewrite {
+struct PowRewrite {
     by_output: HashMap<String, u8>,
 }
 
@@ -87,7 +87,7 @@ fn scalar_constants(g: &GraphProto) -> HashMap<&str, f64> {
 }
 
 /// Which `Pow` nodes of `model`'s graph run as multiplications (see the module docs).
-pub(crate) fn plan_pow_rewrite(model: &ModelProto) -> PowRewrite {
+fn plan_pow_rewrite(model: &ModelProto) -> PowRewrite {
     let mut plan = PowRewrite::default();
     let Some(g) = model.graph.as_ref() else {
         return plan;
@@ -118,10 +118,16 @@ pub(crate) fn plan_pow_rewrite(model: &ModelProto) -> PowRewrite {
     plan
 }
 
+/// The pass: the `Pow` nodes of `model`'s graph that can run as multiplications do so in `g`,
+/// tract's copy of it (found by their output's name).
+pub(super) fn pow_as_mul(model: &ModelProto, g: &mut tract_onnx::pb::GraphProto) {
+    rewrite_pows(g, &plan_pow_rewrite(model));
+}
+
 /// Applies `plan` to the graph tract reads: each planned `Pow` becomes one or two `Mul`s. The
 /// last `Mul` keeps the `Pow`'s name and output (profiles still count it as `Pow`); the square
 /// of x^3 and x^4 gets a fresh name.
-pub(crate) fn rewrite_pows(g: &mut tract_onnx::pb::GraphProto, plan: &PowRewrite) {
+fn rewrite_pows(g: &mut tract_onnx::pb::GraphProto, plan: &PowRewrite) {
     if plan.by_output.is_empty() {
         return;
     }

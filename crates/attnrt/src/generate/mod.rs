@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use attnrt_onnx::ModelProto;
-use attnrt_runtime::{Backend, PlanStats, Session, SessionOptions, ShapePolicy, Threads};
+use attnrt_runtime::{PlanStats, Session, SessionOptions, ShapePolicy, Threads};
 use serde::Serialize;
 
 use crate::harness::{OutputDiff, Tolerance};
@@ -41,8 +41,6 @@ pub struct GenerationOptions {
     pub eos_token: Option<i64>,
     /// Run the reference graph in lockstep and compare logits under this tolerance.
     pub check: Option<Tolerance>,
-    /// Where constant-weight `MatMul`s run.
-    pub backend: Backend,
     /// The most positions (prompt and generated tokens together) to use, in place of the
     /// model's own context ([`Generator::context`]).
     pub max_length: Option<usize>,
@@ -165,23 +163,19 @@ pub struct Generator {
 
 impl Generator {
     /// Reads the decoder's signature from `model` and opens a session for it, plus one for
-    /// `reference` (the graph to check against) when given. `what` names the model in errors.
+    /// `reference` (the graph to check against) when given, with the default
+    /// [`SessionOptions`]. `what` names the model in errors.
     pub fn new(
         model: &ModelProto,
         reference: Option<&ModelProto>,
         threads: &Threads,
         what: &str,
-        backend: Backend,
     ) -> Result<Generator> {
-        let options = SessionOptions {
-            backend,
-            ..SessionOptions::default()
-        };
-        Generator::with_options(model, reference, threads, what, &options)
+        Generator::with_options(model, reference, threads, what, &SessionOptions::default())
     }
 
-    /// [`Generator::new`] with these session options (backend, memory budget...); the shape
-    /// policy is the generator's own (the past length stays symbolic).
+    /// [`Generator::new`] with these session options (tract's ops, memory budget...); the
+    /// shape policy is the generator's own (the past length stays symbolic).
     pub fn with_options(
         model: &ModelProto,
         reference: Option<&ModelProto>,

@@ -12,15 +12,15 @@ use anyhow::{Context, Result};
 use attnrt_fusion::{FusionOptions, FusionReport};
 use attnrt_onnx::ModelProto;
 use attnrt_runtime::{
-    run_once_with_options, Backend, MemoryBudget, NamedTensor, OpCounts, Profile, RunResult,
-    SessionOptions, ShapePolicy, Threads,
+    run_once_with_options, MemoryBudget, NamedTensor, OpCounts, Profile, RunResult, SessionOptions,
+    ShapePolicy, Threads,
 };
 use serde::Serialize;
 
 use super::diff::{diff_outputs, OutputDiff, ToleranceChoice};
 
 /// What to run and how to judge it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CompareOptions {
     /// Do not fuse: run the original graph only.
     pub no_fuse: bool,
@@ -34,12 +34,29 @@ pub struct CompareOptions {
     pub tolerance: ToleranceChoice,
     /// Tolerance of the diffs against expected outputs (`None`: the same as `tolerance`).
     pub expect_tolerance: Option<ToleranceChoice>,
-    /// Where constant-weight matmuls run.
-    pub backend: Backend,
+    /// attnrt's ops for the projections, `LayerNormalization` and `Gelu`
+    /// ([`SessionOptions::attnrt_ops`]; on by default).
+    pub attnrt_ops: bool,
     /// Time every node of each path's run ([`PathRun::profile`]).
     pub profile: bool,
     /// The memory each path's run may need; a path over it is refused before it runs.
     pub budget: MemoryBudget,
+}
+
+impl Default for CompareOptions {
+    fn default() -> Self {
+        CompareOptions {
+            no_fuse: false,
+            no_diff: false,
+            strict: false,
+            no_gelu: false,
+            tolerance: ToleranceChoice::default(),
+            expect_tolerance: None,
+            attnrt_ops: SessionOptions::default().attnrt_ops,
+            profile: false,
+            budget: MemoryBudget::default(),
+        }
+    }
 }
 
 /// One path that ran (the fused or the unfused graph).
@@ -168,7 +185,7 @@ pub fn compare(
         None => (None, None),
     };
     let session = SessionOptions {
-        backend: options.backend,
+        attnrt_ops: options.attnrt_ops,
         shapes: ShapePolicy::PerShape,
         max_memory: options.budget.clone(),
         ..SessionOptions::default()

@@ -1,0 +1,176 @@
+//! ONNX `Gather` with its indices checked: tract's `Gather` indexes its data without a bounds
+//! check, so an index past the gathered axis (a token id beyond the vocabulary, a position
+//! beyond the position table, inputs whose batch sizes disagree) panics inside tract. ONNX
+//! Runtime reports such an index as an error naming the node; so does attnrt, through
+//! [`CheckedGather`], which checks every index against the axis and then runs tract's op.
+//!
+//! Indices that are constants once the graph is typed are checked once, when the graph is
+//! decluttered, and the node becomes tract's own `Gather` (which tract may fold into a slice);
+//! only indices computed at run time (embedding lookups) are checked on every run, one pass
+//! over a few integers.
+
+use tract_onnx::model::ParsingContext;
+use tract_onnx::pb::NodeProto;
+use tract_onnx::prelude::*;
+use tract_onnx::tract_core::ops::array::Gather;
+use tract_onnx::tract_core::ops::cast::cast;
+use tract_onnx::tract_hir::internal::*;
+
+use crate::tract_parser::OnnxParser;
+
+/// The name under which [`CheckedGather`] appears in a planned graph.
+pub const OP_NAME: &str = "AttnrtGather";
+
+/// attnrt's `Gather` parser, wrapping tract's (registered by the op registry in every session,
+/// whatever its switches: an unchecked index is a panic, never a choice).
+pub(crate) static PARSER: OnnxParser = OnnxParser::new("Gather", parse);
+
+fn parse(
+    ctx: &ParsingContext,
+    node: &NodeProto,
+) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
+    let (op, extra, expansion) = PARSER.parse_as_tract(ctx, node)?;
+    let Some(tract) = expansion else {
+        return Ok((op, extra));
+    };
+    let gather = GatherRows {
+        node: node.name.clone(),
+        axis: node.get_attr_opt("axis")?.unwrap_or(0),
+        tract,
+    };
+    Ok((expand(gather), extra))
+}
+
+/// The parsed `Gather`: tract's shape rules, wired as [`CheckedGather`].
+#[derive(Debug, Clone)]
+struct GatherRows {
+    node: String,
+    axis: i64,
+    tract: Box<dyn Expansion>,
+}
+
+impl Expansion for GatherRows {
+    fn name(&self) -> StaticName {
+        "AttnrtGatherRows".into()
+    }
+
+    fn rules<'r, 'p: 'r, 's: 'r>(
+        &'s self,
+        s: &mut Solver<'r>,
+        inputs: &'p [TensorProxy],
+        outputs: &'p [TensorProxy],
+    ) -> InferenceResult {
+        check_input_arity(inputs, 2)?;
+        s.given(&inputs[0].rank, move |_, rank| {
+            axis_in(&self.node, self.axis, rank as usize).map(drop)
+        })?;
+        Expansion::rules(&*self.tract, s, inputs, outputs)
+    }
+
+    fn wire(
+        &self,
+        prefix: &str,
+        model: &mut TypedModel,
+        inputs: &[OutletId],
+    ) -> TractResult<TVec<OutletId>> {
+        let rank = model.outlet_fact(inputs[0])?.rank();
+        let axis = axis_in(&self.node, self.axis, rank)?;
+        let indices = model.wire_node(
+            format!("{prefix}.cast_to_i64"),
+            cast(i64::datum_type()),
+            &[inputs[1]],
+        )?[0];
+        let op = CheckedGather {
+            node: self.node.clone(),
+            gather: Gather::new(axis),
+        };
+        model.wire_node(prefix, op, &[inputs[0], indices])
+    }
+}
+
+/// `axis` counted from 0 when inside `[-rank, rank)`, else the error ONNX's inference gives.
+fn axis_in(node: &str, axis: i64, rank: usize) -> TractResult<usize> {
+    let r = rank as i64;
+    if !(-r..r).contains(&axis) {
+        bail!("Gather node '{node}': axis {axis} is outside [-{r}, {r}), the rank of its data");
+    }
+    Ok(if axis < 0 { axis + r } else { axis } as usize)
+}
+
+/// tract's `Gather`, run after checking that every index lies in `[-n, n)` for the extent `n`
+/// of the gathered axis.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CheckedGather {
+    /// ONNX node name, for errors.
+    pub node: String,
+    gather: Gather,
+}
+
+impl CheckedGather {
+    /// The first index outside `[-extent, extent)`, if any.
+    fn check(&self, indices: &Tensor, extent: usize) -> TractResult<()> {
+        let n = extent as i64;
+        let bad = indices
+            .try_as_plain_ram()?
+            .as_slice::<i64>()?
+            .iter()
+            .find(|&&i| !(-n..n).contains(&i));
+        match bad {
+            Some(i) => bail!(
+                "Gather node '{}': index {i} is outside [-{n}, {n}), the extent of axis {} of its data",
+                self.node,
+                self.gather.axis
+            ),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Op for CheckedGather {
+    fn name(&self) -> StaticName {
+        OP_NAME.into()
+    }
+
+    fn info(&self) -> TractResult<Vec<String>> {
+        Ok(vec![format!(
+            "node {}: axis {}",
+            self.node, self.gather.axis
+        )])
+    }
+
+    op_as_typed_op!();
+}
+
+impl EvalOp for CheckedGather {
+    op_out_of_plan!();
+
+    fn eval(&self, ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        let extent = inputs[0].shape()[self.gather.axis];
+        self.check(&inputs[1], extent)?;
+        EvalOp::eval(&self.gather, ctx, inputs)
+    }
+}
+
+impl TypedOp for CheckedGather {
+    as_op!();
+
+    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+        self.gather.output_facts(inputs)
+    }
+
+    /// Constant indices are checked here, once; the node then becomes tract's `Gather`.
+    fn declutter(
+        &self,
+        model: &TypedModel,
+        node: &TypedNode,
+    ) -> TractResult<Option<TypedModelPatch>> {
+        let data = model.outlet_fact(node.inputs[0])?;
+        let indices = model.outlet_fact(node.inputs[1])?;
+        let (Some(konst), Ok(extent)) = (&indices.konst, data.shape[self.gather.axis].to_usize())
+        else {
+            return Ok(None);
+        };
+        self.check(konst, extent)?;
+        TypedModelPatch::replace_single_op(model, node, &node.inputs, self.gather.clone()).map(Some)
+    }
+}

@@ -1,0 +1,231 @@
+//! The runtime op registry: every execution op attnrt adds to tract or runs in place of tract's,
+//! in one list ([`OPS`]), each with the ONNX op types whose parser it replaces, the name it has
+//! in a planned graph (what `--profile` shows as a node's `tract_op`), what it counts as in
+//! [`OpCounts`], and the [`SessionOptions`] switch that turns it on. The ONNX front-end a
+//! session parses with ([`onnx_frontend_with`]) and the op counts of its reports are made from
+//! this list; the graph rewrites made before tract parses the model are listed in
+//! `lower/mod.rs`.
+//!
+//! A new execution op: its module defines the op, its name and an
+//! `OnnxParser` static per ONNX op type it parses (`tract_parser.rs`); one entry here registers
+//! it. Folds into an op (a bias `Add` or a `Gelu` into a projection) are tract declutter rules of
+//! the op, in its module (`projection.rs`, `gelu.rs`).
+
+use crate::options::{SessionOptions, Switch};
+use crate::tract_parser::OnnxParser;
+use crate::{attention, gather, gelu, layer_norm, projection};
+
+/// What an op counts as in [`OpCounts`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Counted {
+    /// [`OpCounts::attention`].
+    Attention,
+    /// [`OpCounts::projection`].
+    Projection,
+    /// [`OpCounts::tract`]: the other operations.
+    Other,
+}
+
+/// One execution op of attnrt's (see the module docs).
+pub(crate) struct RuntimeOp {
+    /// Its name in a planned graph (`Op::name`): a profile's `tract_op`, what
+    /// [`Session::op_names`](crate::Session::op_names) lists and [`OpCounts`] counts by.
+    pub(crate) name: &'static str,
+    /// attnrt's parsers for the ONNX op types (default domain) that become this op, each
+    /// registered in place of tract's.
+    pub(crate) parsers: &'static [&'static OnnxParser],
+    /// What it counts as in reports.
+    pub(crate) counts_as: Counted,
+    /// When it is registered.
+    pub(crate) switch: Switch,
+}
+
+/// Every execution op of attnrt's, in registration order.
+pub(crate) static OPS: &[RuntimeOp] = &[
+    RuntimeOp {
+        name: attention::OP_NAME,
+        parsers: &[&attention::PARSER],
+        counts_as: Counted::Attention,
+        switch: Switch::Always,
+    },
+    RuntimeOp {
+        name: projection::OP_NAME,
+        parsers: &[&projection::MATMUL, &projection::GEMM],
+        counts_as: Counted::Projection,
+        switch: Switch::AttnrtOps,
+    },
+    // LayerNorm and Gelu are attnrt's ops, but the reports have counted them with tract's
+    // since they were added (`ops: ... N other op(s) on tract`); a change there is a change of
+    // every report.
+    RuntimeOp {
+        name: layer_norm::OP_NAME,
+        parsers: &[&layer_norm::PARSER],
+        counts_as: Counted::Other,
+        switch: Switch::AttnrtOps,
+    },
+    RuntimeOp {
+        name: gelu::OP_NAME,
+        parsers: &[&gelu::PARSER],
+        counts_as: Counted::Other,
+        switch: Switch::AttnrtOps,
+    },
+    // tract's `Gather` behind an index check (tract indexes without one): an operation of
+    // tract's in every report, and in every session.
+    RuntimeOp {
+        name: gather::OP_NAME,
+        parsers: &[&gather::PARSER],
+        counts_as: Counted::Other,
+        switch: Switch::Always,
+    },
+];
+
+/// tract's names of the nodes that hold graph inputs and constants: not operations, neither
+/// counted nor profiled.
+const NOT_OPERATIONS: [&str; 2] = ["Source", "Const"];
+
+/// Whether a planned node whose op is named `name` is an operation (not a graph input or a
+/// constant).
+pub(crate) fn is_operation(name: &str) -> bool {
+    !NOT_OPERATIONS.contains(&name)
+}
+
+/// The ONNX front-end of tract with attnrt's ops registered as the default
+/// [`SessionOptions`] say: `Attention` on attnrt's kernel, and constant-weight `MatMul`s
+/// and `Gemm`s, `LayerNormalization` and `Gelu` on attnrt's ops.
+pub fn onnx_frontend() -> tract_onnx::Onnx {
+    onnx_frontend_with(&SessionOptions::default())
+}
+
+/// The ONNX front-end of tract with every registered op that `options` switch on in place of
+/// tract's.
+pub fn onnx_frontend_with(options: &SessionOptions) -> tract_onnx::Onnx {
+    let mut onnx = tract_onnx::onnx();
+    for op in OPS.iter().filter(|op| op.switch.is_on(options)) {
+        for parser in op.parsers {
+            parser.register(&mut onnx.op_register);
+        }
+    }
+    onnx
+}
+
+/// What a planned graph runs, by implementation (see [`Session::op_counts`](crate::Session::op_counts)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OpCounts {
+    /// Attention operations on attnrt's kernel.
+    pub attention: usize,
+    /// Constant-weight projections on attnrt's op (its panel kernel or `gemm`).
+    pub projection: usize,
+    /// Every other operation (tract's, and attnrt's `LayerNormalization` and `Gelu`).
+    pub tract: usize,
+}
+
+impl OpCounts {
+    /// The counts of a planned graph's op names (graph inputs and constants not counted).
+    pub(crate) fn of_ops<'a>(names: impl IntoIterator<Item = &'a str>) -> OpCounts {
+        let mut c = OpCounts::default();
+        for name in names.into_iter().filter(|n| is_operation(n)) {
+            let counted = OPS
+                .iter()
+                .find(|op| op.name == name)
+                .map_or(Counted::Other, |op| op.counts_as);
+            match counted {
+                Counted::Attention => c.attention += 1,
+                Counted::Projection => c.projection += 1,
+                Counted::Other => c.tract += 1,
+            }
+        }
+        c
+    }
+}
+
+impl std::fmt::Display for OpCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let isa = crate::kernel_isa().unwrap_or_else(|| "no usable path".into());
+        write!(
+            f,
+            "{} attention on attnrt's kernel ({isa}), {} projection(s) on {}, {} other op(s) on tract",
+            self.attention,
+            self.projection,
+            crate::projection::kernel_in_use(),
+            self.tract
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn every_op_is_named_once_and_every_onnx_op_type_parsed_by_one_op() {
+        let mut names = HashSet::new();
+        let mut op_types = HashSet::new();
+        for op in OPS {
+            assert!(names.insert(op.name), "{} is named twice", op.name);
+            assert!(
+                op.name.starts_with("Attnrt"),
+                "{}: not attnrt's name",
+                op.name
+            );
+            assert!(is_operation(op.name));
+            assert!(!op.parsers.is_empty(), "{} has no parser", op.name);
+            for p in op.parsers {
+                assert!(op_types.insert(p.op_type), "{} is parsed twice", p.op_type);
+            }
+        }
+    }
+
+    #[test]
+    fn every_op_is_registered_exactly_when_its_switch_is_on() {
+        let tract = tract_onnx::onnx();
+        for attnrt_ops in [true, false] {
+            let options = SessionOptions {
+                attnrt_ops,
+                ..SessionOptions::default()
+            };
+            let ops = onnx_frontend_with(&options).op_register;
+            for op in OPS {
+                for p in op.parsers {
+                    let registered = ops.0.get(p.op_type).copied();
+                    let ours = registered.is_some_and(|r| std::ptr::fn_addr_eq(r, p.ours));
+                    assert_eq!(
+                        ours,
+                        op.switch.is_on(&options),
+                        "{} for {} (attnrt_ops {attnrt_ops})",
+                        p.op_type,
+                        op.name
+                    );
+                    // tract has a parser of its own for each: kept, or left in place.
+                    assert!(tract.op_register.0.contains_key(p.op_type), "{}", p.op_type);
+                }
+            }
+            // Nothing else is replaced.
+            for (op_type, parser) in &ops.0 {
+                let ours = OPS
+                    .iter()
+                    .any(|op| op.parsers.iter().any(|p| p.op_type == op_type));
+                if !ours {
+                    let tract = tract.op_register.0[op_type];
+                    assert!(std::ptr::fn_addr_eq(*parser, tract), "{op_type} replaced");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn op_counts_follow_the_registry() {
+        let names = [
+            "Source",
+            "Const",
+            attention::OP_NAME,
+            projection::OP_NAME,
+            projection::OP_NAME,
+            layer_norm::OP_NAME,
+            gelu::OP_NAME,
+            "Add",
+        ];
+        let c = OpCounts::of_ops(names);
+        assert_eq!((c.attention, c.projection, c.tract), (1, 2, 3), "{names:?}");
+    }
+}

@@ -1,0 +1,161 @@
+//! Plans made, run and profiled: the cache, the fallback from a symbolic plan to a concrete one,
+//! the memory check before a run.
+
+use anyhow::{Context, Result};
+use tract_onnx::prelude::*;
+
+use super::keys::key_str;
+use super::Session;
+use crate::guard::guarded;
+use crate::plan::{Plan, PlanKey};
+use crate::profile::Profile;
+use crate::registry::is_operation;
+use crate::tensor::NamedTensor;
+
+impl Session {
+    /// The plan serving `inputs`: cached, or built now. A symbolic plan that tract cannot make
+    /// is recorded as refused and these exact shapes are planned instead.
+    pub(super) fn plan_for(&self, inputs: &[&NamedTensor]) -> Result<(PlanKey, Plan)> {
+        let key = self.key_for(inputs)?;
+        let shapes: Vec<(DatumType, Vec<usize>)> = inputs
+            .iter()
+            .map(|t| (t.tensor.datum_type(), t.tensor.shape().to_vec()))
+            .collect();
+        let key = {
+            let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+            if plans.refusal(&key).is_some() {
+                PlanKey::concrete(&shapes)
+            } else {
+                key
+            }
+        };
+        if let Some(plan) = self
+            .plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Ok((key, plan));
+        }
+        match self.build_plan(&key) {
+            Ok(plan) => Ok((key, plan)),
+            Err(e) if key.is_symbolic() => {
+                self.refuse(&key, format!("{e:#}"));
+                let concrete = PlanKey::concrete(&shapes);
+                Ok((concrete.clone(), self.build_plan(&concrete)?))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn build_plan(&self, key: &PlanKey) -> Result<Plan> {
+        let started = std::time::Instant::now();
+        let plan = self.threads.install(|| {
+            guarded(&self.what, || {
+                let budget = &self.options.max_memory;
+                crate::kernels::planning(&self.kernels, || {
+                    Plan::build(&self.parsed, key, &self.threads, budget)
+                })
+                .with_context(|| {
+                    format!("{}: planning for input shapes {}", self.what, key_str(key))
+                })
+            })
+        })?;
+        self.plans.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            key.clone(),
+            plan.clone(),
+            started.elapsed().as_secs_f64() * 1e3,
+        );
+        Ok(plan)
+    }
+
+    fn refuse(&self, key: &PlanKey, why: String) {
+        self.plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .refuse(key, why);
+    }
+
+    /// Runs `plan`. A symbolic plan that fails (its shape check, or an op refusing inputs that
+    /// tract's symbolic planning got wrong) is refused, and these shapes run on a concrete plan;
+    /// if that fails too, its error is the answer. The inputs are kept for the second try only
+    /// when the plan is symbolic. With `profile`, the profile of the run that succeeded. A run
+    /// over the memory budget is refused before it starts, on either plan.
+    pub(super) fn run_plan_shapes(
+        &self,
+        (key, plan): (PlanKey, Plan),
+        values: TVec<TValue>,
+        shapes: &[(DatumType, Vec<usize>)],
+        profile: bool,
+    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
+        self.check_memory(&plan, shapes)?;
+        let retry = key.is_symbolic().then(|| values.clone());
+        match self.execute(&plan, values, profile) {
+            Ok(outputs) => Ok(outputs),
+            Err(e) if retry.is_some() => {
+                self.refuse(&key, format!("{e:#}"));
+                let concrete = PlanKey::concrete(shapes);
+                let plan = self.build_plan(&concrete)?;
+                self.check_memory(&plan, shapes)?;
+                self.execute(&plan, retry.unwrap_or_default(), profile)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Refuses a run of `plan` on inputs of these shapes that would need more memory than the
+    /// session's budget ([`SessionOptions::max_memory`]).
+    fn check_memory(&self, plan: &Plan, shapes: &[(DatumType, Vec<usize>)]) -> Result<()> {
+        let shapes: Vec<&[usize]> = shapes.iter().map(|(_, s)| s.as_slice()).collect();
+        plan.check_memory(&shapes, &self.options.max_memory, &self.what)
+    }
+
+    fn execute(
+        &self,
+        plan: &Plan,
+        values: TVec<TValue>,
+        profile: bool,
+    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
+        let mut times: Vec<(usize, std::time::Duration)> = Vec::new();
+        let outputs = self.threads.install(|| {
+            guarded(&self.what, || {
+                plan.run(values, |node, took| {
+                    if profile {
+                        times.push((node.id, took));
+                    }
+                })
+                .with_context(|| format!("{}: run failed", self.what))
+            })
+        })?;
+        // An output is uniquely owned once the run state is gone, so `into_tensor` moves it.
+        let outputs = self
+            .output_names
+            .iter()
+            .zip(outputs)
+            .map(|(name, v)| NamedTensor {
+                name: name.clone(),
+                tensor: v.into_tensor(),
+            })
+            .collect();
+        Ok((outputs, profile.then(|| self.profile_of(plan, times))))
+    }
+
+    /// The profile of one run of `plan` from its node times (graph inputs and constants left
+    /// out, as in [`Session::op_counts`]).
+    fn profile_of(&self, plan: &Plan, times: Vec<(usize, std::time::Duration)>) -> Profile {
+        let model = plan.model();
+        let nodes = times.into_iter().filter_map(|(id, took)| {
+            let node = model.node(id);
+            let tract_op = node.op().name().to_string();
+            if !is_operation(&tract_op) {
+                return None;
+            }
+            let op = self
+                .kinds
+                .kind_of(&node.name)
+                .map_or_else(|| tract_op.clone(), str::to_string);
+            Some((node.name.clone(), op, tract_op, took))
+        });
+        Profile::of_run(nodes, std::time::Duration::ZERO)
+    }
+}

@@ -1,0 +1,111 @@
+//! Which plan serves a run: the [`PlanKey`] of its inputs under the session's
+//! [`ShapePolicy`](crate::ShapePolicy).
+
+use anyhow::{bail, Result};
+use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
+
+use super::Session;
+use crate::options::ShapePolicy;
+use crate::plan::{self, DimKey, PlanKey};
+use crate::tensor::NamedTensor;
+
+impl Session {
+    /// The key of the plan that serves these inputs under the session's policy. Refuses an
+    /// input whose rank differs from the declared one.
+    pub(super) fn key_for(&self, inputs: &[&NamedTensor]) -> Result<PlanKey> {
+        let anchor = match &self.options.shapes {
+            ShapePolicy::DynamicDims(names) => names.first().cloned(),
+            _ => None,
+        };
+        let anchor_value = anchor.as_ref().and_then(|a| self.symbol_value(a, inputs));
+        let mut key = Vec::with_capacity(inputs.len());
+        for (spec, t) in self.inputs.iter().zip(inputs) {
+            let shape = t.tensor.shape();
+            if let Some(rank) = spec.fact.shape.rank().concretize() {
+                if rank as usize != shape.len() {
+                    bail!(
+                        "{}: input '{}' has rank {}, the model declares rank {rank}",
+                        self.what,
+                        spec.name,
+                        shape.len()
+                    );
+                }
+            }
+            let dims = shape
+                .iter()
+                .enumerate()
+                .map(|(axis, &size)| {
+                    self.dim_key(&spec.fact, axis, size, anchor.as_deref(), anchor_value)
+                })
+                .collect();
+            key.push((t.tensor.datum_type(), dims));
+        }
+        let anchor = anchor.filter(|_| anchor_value.is_some());
+        Ok(PlanKey {
+            inputs: key,
+            anchor,
+        })
+    }
+
+    /// How `axis` of an input is planned: symbolic when the policy keeps its declared name
+    /// symbolic and the file does not fix its size (a size the file fixes but the caller
+    /// contradicts is bound, as given); tied to the anchor for the other kept names.
+    fn dim_key(
+        &self,
+        fact: &InferenceFact,
+        axis: usize,
+        size: usize,
+        anchor: Option<&str>,
+        anchor_value: Option<usize>,
+    ) -> DimKey {
+        if plan::declared_static(fact, axis).is_some() {
+            return DimKey::Bound(size);
+        }
+        let names = match &self.options.shapes {
+            ShapePolicy::PerShape => return DimKey::Bound(size),
+            ShapePolicy::Dynamic => return DimKey::Symbolic,
+            ShapePolicy::DynamicDims(names) => names,
+        };
+        let syms = plan::declared_symbols(fact, axis);
+        if syms.is_empty() || !syms.iter().all(|s| names.contains(s)) {
+            return DimKey::Bound(size);
+        }
+        match (anchor, anchor_value) {
+            (Some(a), _) if syms.len() == 1 && syms[0] == a => DimKey::Symbolic,
+            (Some(_), Some(v)) if syms.len() == 1 => DimKey::Tied(size as i64 - v as i64),
+            // A kept name with no anchor value to relate it to, or an expression of several
+            // names (dynamo's `past_sequence + sequence`): bound.
+            _ => DimKey::Bound(size),
+        }
+    }
+
+    /// The size the inputs give the declared symbol `name` (the first axis declared as it).
+    fn symbol_value(&self, name: &str, inputs: &[&NamedTensor]) -> Option<usize> {
+        self.inputs.iter().zip(inputs).find_map(|(spec, t)| {
+            (0..t.tensor.rank()).find_map(|axis| {
+                let syms = plan::declared_symbols(&spec.fact, axis);
+                (syms.len() == 1 && syms[0] == name).then(|| t.tensor.shape()[axis])
+            })
+        })
+    }
+}
+
+/// `key` for messages: each input's type and dims (`?` symbolic, `anchor+c` tied).
+pub(super) fn key_str(key: &PlanKey) -> String {
+    key.inputs
+        .iter()
+        .map(|(dt, dims)| {
+            let anchor = key.anchor.as_deref().unwrap_or("?");
+            let dims: Vec<String> = dims
+                .iter()
+                .map(|d| match d {
+                    DimKey::Bound(v) => v.to_string(),
+                    DimKey::Symbolic => "?".to_string(),
+                    DimKey::Tied(c) => format!("{anchor}{c:+}"),
+                })
+                .collect();
+            format!("{dt:?}[{}]", dims.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
