@@ -462,14 +462,6 @@ fn bias_row(c: &Tensor, n: usize, max_rank: usize) -> Option<Vec<f32>> {
     })
 }
 
-/// Which kernels run the projections' products in a session built now, for reports.
-pub fn kernel_in_use() -> String {
-    crate::kernels::of_process().map_or_else(
-        || "no usable kernels".into(),
-        |k| k.projection().to_string(),
-    )
-}
-
 impl TypedOp for ProjectionOp {
     as_op!();
 

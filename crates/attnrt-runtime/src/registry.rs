@@ -140,13 +140,18 @@ impl OpCounts {
 
 impl std::fmt::Display for OpCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let isa = crate::kernel_isa().unwrap_or_else(|| "no usable path".into());
+        // The kernels every session of this process takes (the CPU, `ATTNRT_KERNEL_ISA`).
+        let kernels = crate::kernels::of_process();
+        let isa = kernels.map_or_else(|| "no usable path".into(), |k| k.isa().to_string());
+        let projection = kernels.map_or_else(
+            || "no usable kernels".into(),
+            |k| k.projection().to_string(),
+        );
         write!(
             f,
-            "{} attention on attnrt's kernel ({isa}), {} projection(s) on {}, {} other op(s) on tract",
+            "{} attention on attnrt's kernel ({isa}), {} projection(s) on {projection}, {} other op(s) on tract",
             self.attention,
             self.projection,
-            crate::projection::kernel_in_use(),
             self.tract
         )
     }
