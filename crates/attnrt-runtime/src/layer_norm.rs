@@ -19,7 +19,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
 use crate::tensor::{f32_data, f32_data_mut};
-use crate::tract_parser::OnnxParser;
+use crate::tract_parser::{axis_in_rank, OnnxParser};
 
 /// The name under which [`LayerNormOp`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtLayerNorm";
@@ -104,22 +104,10 @@ impl Expansion for LayerNormRows {
 }
 
 impl LayerNormRows {
-    /// The axis counted from 0 when inside `[-rank, rank)`, else the error ONNX's inference
-    /// gives.
+    /// The axis counted from 0 when inside `[-rank, rank)` of X, else the error ONNX's
+    /// inference gives.
     fn axis_from_0(&self, rank: usize) -> TractResult<usize> {
-        let r = rank as i64;
-        if !(-r..r).contains(&self.axis) {
-            bail!(
-                "LayerNormalization node '{}': axis {} is outside [-{r}, {r}), the rank of X",
-                self.node,
-                self.axis
-            );
-        }
-        Ok(if self.axis < 0 {
-            self.axis + r
-        } else {
-            self.axis
-        } as usize)
+        axis_in_rank("LayerNormalization", &self.node, self.axis, rank, "X")
     }
 
     /// [`LayerNormOp`] for these inputs, or `None` when it would not be exact.

@@ -13,7 +13,7 @@
 
 use crate::options::{SessionOptions, Switch};
 use crate::tract_parser::OnnxParser;
-use crate::{attention, gather, gelu, layer_norm, projection};
+use crate::{attention, divide, gather, gelu, layer_norm, projection};
 
 /// What an op counts as in [`OpCounts`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +74,14 @@ pub(crate) static OPS: &[RuntimeOp] = &[
     RuntimeOp {
         name: gather::OP_NAME,
         parsers: &[&gather::PARSER],
+        counts_as: Counted::Other,
+        switch: Switch::Always,
+    },
+    // Integer `Div` and `Mod` behind a check of their operands (tract's panic on a zero divisor
+    // or on `MIN / -1`): in every session, like the index check.
+    RuntimeOp {
+        name: divide::OP_NAME,
+        parsers: &[&divide::DIV, &divide::MOD],
         counts_as: Counted::Other,
         switch: Switch::Always,
     },
