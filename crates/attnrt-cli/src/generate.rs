@@ -28,15 +28,16 @@ use crate::common::{load, threads, LimitArgs, MatmulArgs, MemoryArgs};
 pub struct GenerateArgs {
     /// The decoder (exported with past_key_values inputs and present outputs).
     pub model: PathBuf,
-    /// The prompt as token ids, e.g. `1,2,3`.
-    #[arg(long, value_name = "IDS", value_delimiter = ',', conflicts_with_all = ["prompt_len", "prompt"])]
-    pub prompt_ids: Option<Vec<i64>>,
+    /// The prompt as token ids, e.g. `1,2,3`; given several times, one row of a batch each
+    /// (padded on the left).
+    #[arg(long, value_name = "IDS", value_parser = parse_ids, conflicts_with_all = ["prompt_len", "prompt"])]
+    pub prompt_ids: Vec<PromptIds>,
     /// A prompt of N seeded random token ids.
     #[arg(long, value_name = "N", conflicts_with = "prompt")]
     pub prompt_len: Option<usize>,
-    /// The prompt as text (needs --tokenizer).
+    /// The prompt as text (needs --tokenizer); given several times, one row of a batch each.
     #[arg(long, value_name = "TEXT", requires = "tokenizer")]
-    pub prompt: Option<String>,
+    pub prompt: Vec<String>,
     /// A Hugging Face `tokenizer.json`: encodes --prompt and decodes the generated tokens.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
@@ -80,6 +81,21 @@ pub struct GenerateArgs {
     pub memory: MemoryArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+}
+
+/// One `--prompt-ids` value: comma-separated token ids.
+#[derive(Clone, Debug)]
+pub struct PromptIds(pub Vec<i64>);
+
+fn parse_ids(s: &str) -> Result<PromptIds, String> {
+    s.split(',')
+        .map(|t| {
+            t.trim()
+                .parse::<i64>()
+                .map_err(|_| format!("'{t}' is not a token id (give ids such as 1,2,3)"))
+        })
+        .collect::<Result<_, _>>()
+        .map(PromptIds)
 }
 
 /// How the next token is chosen (transformers' definitions and order: repetition penalty,
@@ -143,9 +159,9 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let threads = threads(args.threads)?;
     let (generator, fusion) = open(&args, &name, &threads)?;
     let blocks = fusion.as_ref().map_or(0, |f| f.blocks.len());
-    let prompt = prompt(&args, tokenizer.as_ref(), generator.signature().vocab)?;
+    let prompts = prompts(&args, tokenizer.as_ref(), generator.signature().vocab)?;
     let options = GenerationOptions {
-        prompt,
+        prompts,
         max_new_tokens: args.max_new_tokens,
         eos_token: args.eos,
         check: args.check.then_some(tol),
@@ -223,10 +239,17 @@ impl Shown<'_> {
         report: &GenerationReport,
         tokenizer: Option<&tokenizers::Tokenizer>,
     ) -> Result<()> {
-        let text = match tokenizer {
-            Some(t) => Some(decode(t, &report.tokens)?),
+        let texts = match tokenizer {
+            Some(t) => Some(
+                report
+                    .rows
+                    .iter()
+                    .map(|r| decode(t, &r.tokens))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
             None => None,
         };
+        let text = texts.as_ref().map(|t| t[0].clone());
         let tol = args.check.then_some(Tolerance {
             atol: args.atol,
             rtol: args.rtol,
@@ -240,11 +263,17 @@ impl Shown<'_> {
                 "signature": self.generator.signature(),
                 "report": report,
                 "text": text,
+                "rows": report.rows.iter().enumerate().map(|(i, r)| json!({
+                    "prompt": r.prompt,
+                    "tokens": r.tokens,
+                    "text": texts.as_ref().map(|t| &t[i]),
+                    "stopped": r.stopped,
+                })).collect::<Vec<_>>(),
                 "tolerance": tol,
             });
             println!("{}", serde_json::to_string_pretty(&v)?);
         } else {
-            print_text(self.name, self.blocks, report, text.as_deref(), tol);
+            print_text(self.name, self.blocks, report, texts.as_deref(), tol);
         }
         if let (StopReason::Context, Some(c)) = (report.stopped, &report.context) {
             let given = if c.table.is_none() {
@@ -262,27 +291,37 @@ impl Shown<'_> {
     }
 }
 
-fn prompt(
+/// The batch's prompts: `--prompt-ids` or `--prompt` (one row per occurrence), else one
+/// seeded random prompt of `--prompt-len` tokens.
+fn prompts(
     args: &GenerateArgs,
     tokenizer: Option<&tokenizers::Tokenizer>,
     vocab: Option<usize>,
-) -> Result<Vec<i64>> {
-    if let Some(ids) = &args.prompt_ids {
-        return Ok(ids.clone());
+) -> Result<Vec<Vec<i64>>> {
+    if !args.prompt_ids.is_empty() {
+        return Ok(args.prompt_ids.iter().map(|p| p.0.clone()).collect());
     }
-    if let Some(text) = &args.prompt {
+    if !args.prompt.is_empty() {
         let t = tokenizer.context("--prompt needs --tokenizer")?;
-        let enc = t
-            .encode(text.as_str(), false)
-            .map_err(|e| anyhow::anyhow!("encoding --prompt: {e}"))?;
-        return Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect());
+        return args
+            .prompt
+            .iter()
+            .map(|text| {
+                let enc = t
+                    .encode(text.as_str(), false)
+                    .map_err(|e| anyhow::anyhow!("encoding --prompt: {e}"))?;
+                Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
+            })
+            .collect();
     }
     let len = args.prompt_len.unwrap_or(8);
     let vocab = vocab.context(
         "the logits do not declare the vocabulary size: give --prompt-ids instead of a random prompt",
     )?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
-    Ok((0..len).map(|_| rng.gen_range(0..vocab as i64)).collect())
+    Ok(vec![(0..len)
+        .map(|_| rng.gen_range(0..vocab as i64))
+        .collect()])
 }
 
 fn decode(t: &tokenizers::Tokenizer, tokens: &[i64]) -> Result<String> {
@@ -334,16 +373,32 @@ fn print_text(
     name: &str,
     blocks: usize,
     r: &GenerationReport,
-    text: Option<&str>,
+    texts: Option<&[String]>,
     tol: Option<Tolerance>,
 ) {
     let ids = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
     println!("model: {name}");
     println!("fusion: {blocks} attention block(s) fused");
-    println!("prompt: {} token(s): {}", r.prompt.len(), ids(&r.prompt));
-    println!("generated: {} token(s): {}", r.tokens.len(), ids(&r.tokens));
-    if let Some(t) = text {
-        println!("text: {t}");
+    for (i, row) in r.rows.iter().enumerate() {
+        // a batch numbers its rows; one prompt prints as it always has
+        let at = if r.rows.len() > 1 {
+            format!(" [row {i}]")
+        } else {
+            String::new()
+        };
+        println!(
+            "prompt{at}: {} token(s): {}",
+            row.prompt.len(),
+            ids(&row.prompt)
+        );
+        println!(
+            "generated{at}: {} token(s): {}",
+            row.tokens.len(),
+            ids(&row.tokens)
+        );
+        if let Some(t) = texts {
+            println!("text{at}: {}", t[i]);
+        }
     }
     let planning = r.steps.first().map_or(0.0, |s| s.planning_ms);
     println!(

@@ -263,3 +263,30 @@ fn a_failing_step_keeps_the_tokens_made_before_it() {
         "{error}"
     );
 }
+
+/// `--prompt-ids` given several times runs one batch: `--json` has one entry per row under
+/// `"rows"`, each row's tokens those of its prompt alone; the check covers every row.
+#[test]
+fn several_prompt_ids_run_as_one_batch() {
+    let m = model("gpt2_cache_eager.ts.onnx");
+    let run = |prompts: &[&str]| {
+        let mut args = vec!["generate", &m, "--max-new-tokens", "4", "--check", "--json"];
+        for p in prompts {
+            args.extend(["--prompt-ids", p]);
+        }
+        json(&attnrt(&args))
+    };
+    let v = run(&["5,6,7", "1,2,3,4,5,6"]);
+    assert_eq!(v["report"]["check_ok"], true, "{v}");
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1]["prompt"], serde_json::json!([1, 2, 3, 4, 5, 6]));
+    for (row, prompt) in rows.iter().zip(["5,6,7", "1,2,3,4,5,6"]) {
+        let alone = run(&[prompt]);
+        assert_eq!(row["tokens"], alone["rows"][0]["tokens"], "{prompt}");
+        assert_eq!(row["tokens"].as_array().unwrap().len(), 4);
+    }
+    let bad = attnrt(&["generate", &m, "--prompt-ids", "1,x"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("'x' is not a token id"));
+}

@@ -1,6 +1,7 @@
-//! Greedy generation with a decoder exported with its key/value cache: the prompt runs once
-//! with an empty past (the prefill), then one token per step, every present output fed back
-//! as the next step's past. One [`Session`] serves every step: the past length stays
+//! Generation with a decoder exported with its key/value cache: the prompt runs once with an
+//! empty past (the prefill), then one token per step, every present output fed back as the next
+//! step's past. Several prompts run as one batch, one row each, padded on the left
+//! ([`step`]); a row that made its end-of-sequence token is finished and no longer changes. One [`Session`] serves every step: the past length stays
 //! symbolic in its plans ([`ShapePolicy::DynamicDims`]), so a step costs the step.
 //!
 //! With a check, the original (unfused) graph runs in lockstep on its own session and its own
@@ -33,11 +34,12 @@ use step::{last_logits, StepInputs};
 /// What to generate.
 #[derive(Clone, Debug)]
 pub struct GenerationOptions {
-    /// The prompt's token ids (at least one).
-    pub prompt: Vec<i64>,
+    /// The prompts' token ids, one row of the batch each (at least one prompt of at least one
+    /// token).
+    pub prompts: Vec<Vec<i64>>,
     /// How many tokens to generate after the prompt.
     pub max_new_tokens: usize,
-    /// Stop after this token (it is kept).
+    /// A row stops after this token (it is kept); generation stops when every row has.
     pub eos_token: Option<i64>,
     /// Run the reference graph in lockstep and compare logits under this tolerance.
     pub check: Option<Tolerance>,
@@ -65,25 +67,29 @@ pub enum StopReason {
 /// The lockstep comparison of one step.
 #[derive(Clone, Debug, Serialize)]
 pub struct StepCheck {
-    /// The reference graph's token.
+    /// The reference graph's token for the first row.
     pub reference_token: i64,
+    /// The reference graph's token for each row still generating (`None`: finished).
+    pub reference_tokens: Vec<Option<i64>>,
     /// The logits comparison (fused vs reference).
     pub logits: OutputDiff,
-    /// Same token and logits within tolerance.
+    /// Same tokens in every row, and logits within tolerance.
     pub ok: bool,
 }
 
-/// One step: the token it produced and how long it took.
+/// One step: the tokens it produced and how long it took.
 #[derive(Clone, Debug, Serialize)]
 pub struct StepReport {
     /// 0 for the prefill, then 1, 2, …
     pub step: usize,
-    /// Tokens fed this step.
+    /// Tokens fed this step (per row).
     pub fed: usize,
     /// Past length this step.
     pub past: usize,
-    /// The token chosen.
+    /// The token the first row chose.
     pub token: i64,
+    /// The token each row chose (`None`: the row had finished).
+    pub tokens: Vec<Option<i64>>,
     /// Wall time of the model run, in milliseconds (the reference's not included).
     pub ms: f64,
     /// Of that, the time spent making a plan for a shape the session had not seen (the
@@ -93,13 +99,26 @@ pub struct StepReport {
     pub check: Option<StepCheck>,
 }
 
-/// The outcome of a generation.
+/// One row of a batch: its prompt, its tokens and why it ended.
 #[derive(Clone, Debug, Serialize)]
-pub struct GenerationReport {
+pub struct RowReport {
     /// The prompt.
     pub prompt: Vec<i64>,
     /// The generated tokens.
     pub tokens: Vec<i64>,
+    /// Why the row ended.
+    pub stopped: StopReason,
+}
+
+/// The outcome of a generation.
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerationReport {
+    /// The first row's prompt (the prompt, for a batch of one).
+    pub prompt: Vec<i64>,
+    /// The first row's generated tokens.
+    pub tokens: Vec<i64>,
+    /// Every row.
+    pub rows: Vec<RowReport>,
     /// Every step.
     pub steps: Vec<StepReport>,
     /// The prefill's time: prompt in, first token out (ms), planning included.
@@ -112,7 +131,7 @@ pub struct GenerationReport {
     pub plans: PlanStats,
     /// With a check: whether every step agreed.
     pub check_ok: Option<bool>,
-    /// Why it ended.
+    /// Why it ended (`Eos`: every row made it).
     pub stopped: StopReason,
     /// The context it ran within, when known.
     pub context: Option<ContextLimit>,
@@ -146,10 +165,31 @@ impl std::error::Error for GenerationFailed {
     }
 }
 
-/// What chooses a step's token: the sampler and the tokens seen so far (prompt and generated).
+/// What chooses a step's tokens: one sampler per row, and each row's tokens seen so far
+/// (prompt and generated; `None` for a finished row, which chooses nothing).
 struct Chooser<'a> {
-    sampler: &'a mut Sampler,
-    seen: &'a [i64],
+    samplers: &'a mut [Sampler],
+    seen: &'a [Option<Vec<i64>>],
+}
+
+impl Chooser<'_> {
+    /// Each unfinished row's token from its row of `logits`.
+    fn choose(
+        samplers: &mut [Sampler],
+        seen: &[Option<Vec<i64>>],
+        logits: &[Vec<f32>],
+    ) -> Result<Vec<Option<i64>>> {
+        samplers
+            .iter_mut()
+            .zip(seen)
+            .zip(logits)
+            .map(|((sampler, seen), row)| {
+                seen.as_ref()
+                    .map(|seen| sampler.next_token(row, seen))
+                    .transpose()
+            })
+            .collect()
+    }
 }
 
 /// A decoder ready to generate: its signature, its context, and a session (and a reference
@@ -212,72 +252,68 @@ impl Generator {
         self.context.as_ref()
     }
 
-    /// Generates (greedily or sampled, per `options.sampling`); `on_step` sees every step as it
-    /// completes (for progress). Stops at
-    /// the context (`options.max_length`, else the model's); a step that fails gives a
+    /// Generates (greedily or sampled, per `options.sampling`), every prompt as one row of a
+    /// batch; `on_step` sees every step as it completes (for progress). Stops at the context
+    /// (`options.max_length`, else the model's); a step that fails gives a
     /// [`GenerationFailed`] error holding the tokens made before it.
     pub fn generate(
         &self,
         options: &GenerationOptions,
         mut on_step: impl FnMut(&StepReport),
     ) -> Result<GenerationReport> {
-        let context = self.check_prompt(options)?;
+        let context = self.check_prompts(options)?;
+        let longest = options.prompts.iter().map(Vec::len).max().unwrap_or(0);
         let fits = |made: usize| {
             context
                 .as_ref()
-                .is_none_or(|c| options.prompt.len() + made < c.positions)
+                .is_none_or(|c| longest + made < c.positions)
         };
-        let mut sampler = Sampler::new(options.sampling.clone())?;
-        let mut ours = StepInputs::prefill(&self.signature, &options.prompt)?;
+        let mut samplers = (0..options.prompts.len())
+            .map(|row| Sampler::for_row(options.sampling.clone(), row))
+            .collect::<Result<Vec<_>>>()?;
+        let mut ours = StepInputs::prefill(&self.signature, &options.prompts)?;
         let mut theirs = self.reference.as_ref().map(|_| ours.clone());
+        let mut rows = Rows::new(&options.prompts);
         let mut steps = Vec::new();
-        let mut tokens = Vec::new();
         let mut stopped = StopReason::MaxNewTokens;
-        while tokens.len() < options.max_new_tokens {
-            if !fits(tokens.len()) {
+        while steps.len() < options.max_new_tokens {
+            if !fits(steps.len()) {
                 stopped = StopReason::Context;
                 break;
             }
-            let seen = [options.prompt.as_slice(), &tokens].concat();
+            let seen = rows.seen(&options.prompts);
             let chooser = Chooser {
-                sampler: &mut sampler,
+                samplers: &mut samplers,
                 seen: &seen,
             };
             let step = match self.step(steps.len(), &mut ours, theirs.as_mut(), chooser, options) {
                 Ok(step) => step,
                 Err(error) => {
-                    let mut report =
-                        self.report(options, tokens, steps, StopReason::Error, context);
+                    let mut report = self.report(options, rows, steps, StopReason::Error, context);
                     report.error = Some(format!("{error:#}"));
                     return Err(GenerationFailed { report, error }.into());
                 }
             };
             on_step(&step);
-            let token = step.token;
+            let fed = rows.push(&step.tokens, options.eos_token);
             steps.push(step);
-            tokens.push(token);
-            if options.eos_token == Some(token) {
+            if rows.all_finished() {
                 stopped = StopReason::Eos;
                 break;
             }
-            ours.advance(token);
+            ours.advance(&fed);
             if let Some(t) = theirs.as_mut() {
-                t.advance(token);
+                t.advance(&fed);
             }
         }
-        Ok(self.report(options, tokens, steps, stopped, context))
+        Ok(self.report(options, rows, steps, stopped, context))
     }
 
-    /// Refuses a prompt that is empty, outside the vocabulary or longer than the context, and
-    /// returns the context the generation runs within.
-    fn check_prompt(&self, options: &GenerationOptions) -> Result<Option<ContextLimit>> {
-        if options.prompt.is_empty() {
-            bail!("the prompt is empty: give at least one token");
-        }
-        if let Some(v) = self.signature.vocab {
-            if let Some(bad) = options.prompt.iter().find(|&&t| t < 0 || t as usize >= v) {
-                bail!("prompt token {bad} is outside the vocabulary [0, {v})");
-            }
+    /// Refuses no prompt, a prompt that is empty, outside the vocabulary or longer than the
+    /// context, and returns the context the generation runs within.
+    fn check_prompts(&self, options: &GenerationOptions) -> Result<Option<ContextLimit>> {
+        if options.prompts.is_empty() {
+            bail!("no prompt: give at least one");
         }
         let context = match options.max_length {
             Some(positions) => Some(ContextLimit {
@@ -286,14 +322,23 @@ impl Generator {
             }),
             None => self.context.clone(),
         };
-        if let Some(c) = context
-            .as_ref()
-            .filter(|c| options.prompt.len() > c.positions)
-        {
-            bail!(
-                "the prompt's {} tokens do not fit {c}",
-                options.prompt.len()
-            );
+        for (row, prompt) in options.prompts.iter().enumerate() {
+            let which = if options.prompts.len() > 1 {
+                format!("prompt {row}")
+            } else {
+                "the prompt".to_string()
+            };
+            if prompt.is_empty() {
+                bail!("{which} is empty: give at least one token");
+            }
+            if let Some(v) = self.signature.vocab {
+                if let Some(bad) = prompt.iter().find(|&&t| t < 0 || t as usize >= v) {
+                    bail!("{which}: token {bad} is outside the vocabulary [0, {v})");
+                }
+            }
+            if let Some(c) = context.as_ref().filter(|c| prompt.len() > c.positions) {
+                bail!("{which}'s {} tokens do not fit {c}", prompt.len());
+            }
         }
         Ok(context)
     }
@@ -314,17 +359,15 @@ impl Generator {
         let ms = started.elapsed().as_secs_f64() * 1e3;
         let planning_ms = self.session.plan_stats().build_ms - planned_before;
         let logits = ours.take_outputs(&self.signature, outputs)?;
-        // The reference draws with the same state of the stream, so both see the same `u`.
-        let mut twin = chooser.sampler.clone();
-        let token = chooser
-            .sampler
-            .next_token(&last_logits(&logits)?, chooser.seen)?;
+        // The reference draws with the same state of the streams, so both see the same `u`.
+        let mut twins = chooser.samplers.to_vec();
+        let tokens = Chooser::choose(chooser.samplers, chooser.seen, &last_logits(&logits)?)?;
         let check = match (theirs, &self.reference) {
             (Some(t), Some(reference)) => {
                 let outputs = reference.run_owned(t.take_tensors()?)?;
                 let reference_logits = t.take_outputs(&self.signature, outputs)?;
-                let reference_token =
-                    twin.next_token(&last_logits(&reference_logits)?, chooser.seen)?;
+                let reference_tokens =
+                    Chooser::choose(&mut twins, chooser.seen, &last_logits(&reference_logits)?)?;
                 let tol = options.check.unwrap_or_default();
                 let diff = crate::harness::diff_tensor(
                     &self.signature.logits,
@@ -333,8 +376,9 @@ impl Generator {
                     tol,
                 );
                 Some(StepCheck {
-                    reference_token,
-                    ok: diff.ok && reference_token == token,
+                    reference_token: reference_tokens[0].unwrap_or(-1),
+                    ok: diff.ok && reference_tokens == tokens,
+                    reference_tokens,
                     logits: diff,
                 })
             }
@@ -344,7 +388,8 @@ impl Generator {
             step: index,
             fed,
             past,
-            token,
+            token: tokens[0].unwrap_or(-1),
+            tokens,
             ms,
             planning_ms,
             check,
@@ -354,11 +399,12 @@ impl Generator {
     fn report(
         &self,
         options: &GenerationOptions,
-        tokens: Vec<i64>,
+        rows: Rows,
         steps: Vec<StepReport>,
         stopped: StopReason,
         context: Option<ContextLimit>,
     ) -> GenerationReport {
+        let rows = rows.reports(&options.prompts, stopped);
         let mut decode: Vec<f64> = steps
             .iter()
             .skip(1)
@@ -368,8 +414,9 @@ impl Generator {
         let decode_ms: f64 = decode.iter().sum();
         decode.sort_by(f64::total_cmp);
         GenerationReport {
-            prompt: options.prompt.clone(),
-            tokens,
+            prompt: rows[0].prompt.clone(),
+            tokens: rows[0].tokens.clone(),
+            rows,
             time_to_first_token_ms: steps.first().map_or(0.0, |s| s.ms),
             decode_tokens_per_s: (decode_ms > 0.0).then(|| decode.len() as f64 / decode_ms * 1e3),
             median_step_ms: (!decode.is_empty()).then(|| decode[decode.len() / 2]),
@@ -383,5 +430,61 @@ impl Generator {
             context,
             error: None,
         }
+    }
+}
+
+/// Each row's generated tokens, and whether it has finished (made the end-of-sequence token).
+struct Rows {
+    tokens: Vec<Vec<i64>>,
+    finished: Vec<bool>,
+}
+
+impl Rows {
+    fn new(prompts: &[Vec<i64>]) -> Rows {
+        Rows {
+            tokens: vec![Vec::new(); prompts.len()],
+            finished: vec![false; prompts.len()],
+        }
+    }
+
+    /// Per row, the prompt and the tokens made so far; `None` for a finished row.
+    fn seen(&self, prompts: &[Vec<i64>]) -> Vec<Option<Vec<i64>>> {
+        (0..prompts.len())
+            .map(|r| (!self.finished[r]).then(|| [prompts[r].as_slice(), &self.tokens[r]].concat()))
+            .collect()
+    }
+
+    /// Adds a step's tokens to the rows still generating; returns the token each row feeds
+    /// next (a finished row feeds its last token again: it is masked in nothing, but its
+    /// tokens no longer change).
+    fn push(&mut self, chosen: &[Option<i64>], eos: Option<i64>) -> Vec<i64> {
+        for (r, t) in chosen.iter().enumerate() {
+            if let (Some(t), false) = (t, self.finished[r]) {
+                self.tokens[r].push(*t);
+                self.finished[r] = eos == Some(*t);
+            }
+        }
+        self.tokens
+            .iter()
+            .map(|t| t.last().copied().unwrap_or(0))
+            .collect()
+    }
+
+    fn all_finished(&self) -> bool {
+        self.finished.iter().all(|&f| f)
+    }
+
+    /// The rows' reports; a row not finished by its end-of-sequence token ended for `stopped`.
+    fn reports(self, prompts: &[Vec<i64>], stopped: StopReason) -> Vec<RowReport> {
+        self.tokens
+            .into_iter()
+            .zip(self.finished)
+            .zip(prompts)
+            .map(|((tokens, finished), prompt)| RowReport {
+                prompt: prompt.clone(),
+                tokens,
+                stopped: if finished { StopReason::Eos } else { stopped },
+            })
+            .collect()
     }
 }
