@@ -13,6 +13,7 @@
 //! fails keeps the tokens made before it ([`GenerationFailed`]).
 
 pub mod context;
+mod generation;
 pub mod sampling;
 mod signature;
 mod step;
@@ -27,6 +28,8 @@ use serde::Serialize;
 use crate::harness::{OutputDiff, Tolerance};
 
 pub use context::ContextLimit;
+pub use generation::Generation;
+use generation::{Chooser, Rows};
 pub use sampling::{Sampler, SamplingOptions};
 pub use signature::{CacheSlot, DecoderSignature};
 use step::{last_logits, StepInputs};
@@ -56,8 +59,10 @@ pub struct GenerationOptions {
 pub enum StopReason {
     /// It made the tokens asked for.
     MaxNewTokens,
-    /// It made the end-of-sequence token.
+    /// It made the end-of-sequence token (every row, for a batch).
     Eos,
+    /// Its text reached a stop string (found by the caller: [`Generation::finish_row`]).
+    Stop,
     /// The prompt and the tokens made fill the context ([`GenerationReport::context`]).
     Context,
     /// A step failed ([`GenerationReport::error`]).
@@ -165,33 +170,6 @@ impl std::error::Error for GenerationFailed {
     }
 }
 
-/// What chooses a step's tokens: one sampler per row, and each row's tokens seen so far
-/// (prompt and generated; `None` for a finished row, which chooses nothing).
-struct Chooser<'a> {
-    samplers: &'a mut [Sampler],
-    seen: &'a [Option<Vec<i64>>],
-}
-
-impl Chooser<'_> {
-    /// Each unfinished row's token from its row of `logits`.
-    fn choose(
-        samplers: &mut [Sampler],
-        seen: &[Option<Vec<i64>>],
-        logits: &[Vec<f32>],
-    ) -> Result<Vec<Option<i64>>> {
-        samplers
-            .iter_mut()
-            .zip(seen)
-            .zip(logits)
-            .map(|((sampler, seen), row)| {
-                seen.as_ref()
-                    .map(|seen| sampler.next_token(row, seen))
-                    .transpose()
-            })
-            .collect()
-    }
-}
-
 /// A decoder ready to generate: its signature, its context, and a session (and a reference
 /// session for checks).
 pub struct Generator {
@@ -261,52 +239,63 @@ impl Generator {
         options: &GenerationOptions,
         mut on_step: impl FnMut(&StepReport),
     ) -> Result<GenerationReport> {
-        let context = self.check_prompts(options)?;
-        let longest = options.prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let fits = |made: usize| {
-            context
-                .as_ref()
-                .is_none_or(|c| longest + made < c.positions)
-        };
-        let mut samplers = (0..options.prompts.len())
-            .map(|row| Sampler::for_row(options.sampling.clone(), row))
-            .collect::<Result<Vec<_>>>()?;
-        let mut ours = StepInputs::prefill(&self.signature, &options.prompts)?;
-        let mut theirs = self.reference.as_ref().map(|_| ours.clone());
-        let mut rows = Rows::new(&options.prompts);
-        let mut steps = Vec::new();
-        let mut stopped = StopReason::MaxNewTokens;
-        while steps.len() < options.max_new_tokens {
-            if !fits(steps.len()) {
-                stopped = StopReason::Context;
-                break;
-            }
-            let seen = rows.seen(&options.prompts);
-            let chooser = Chooser {
-                samplers: &mut samplers,
-                seen: &seen,
-            };
-            let step = match self.step(steps.len(), &mut ours, theirs.as_mut(), chooser, options) {
-                Ok(step) => step,
+        let mut g = self.start(options)?;
+        loop {
+            match self.next_step(&mut g) {
+                Ok(Some(step)) => on_step(step),
+                Ok(None) => return Ok(self.report(&g)),
                 Err(error) => {
-                    let mut report = self.report(options, rows, steps, StopReason::Error, context);
-                    report.error = Some(format!("{error:#}"));
+                    let report = self.report(&g);
                     return Err(GenerationFailed { report, error }.into());
                 }
-            };
-            on_step(&step);
-            let fed = rows.push(&step.tokens, options.eos_token);
-            steps.push(step);
-            if rows.all_finished() {
-                stopped = StopReason::Eos;
-                break;
-            }
-            ours.advance(&fed);
-            if let Some(t) = theirs.as_mut() {
-                t.advance(&fed);
             }
         }
-        Ok(self.report(options, rows, steps, stopped, context))
+    }
+
+    /// A generation of `options`, before its first step (the prompts checked, the prefill's
+    /// inputs ready); [`Generator::next_step`] runs its steps.
+    pub fn start(&self, options: &GenerationOptions) -> Result<Generation> {
+        let context = self.check_prompts(options)?;
+        let samplers = (0..options.prompts.len())
+            .map(|row| Sampler::for_row(options.sampling.clone(), row))
+            .collect::<Result<Vec<_>>>()?;
+        let ours = StepInputs::prefill(&self.signature, &options.prompts)?;
+        let theirs = self.reference.as_ref().map(|_| ours.clone());
+        let stopped = (options.max_new_tokens == 0).then_some(StopReason::MaxNewTokens);
+        Ok(Generation {
+            rows: Rows::new(&options.prompts),
+            options: options.clone(),
+            context,
+            samplers,
+            ours,
+            theirs,
+            steps: Vec::new(),
+            stopped,
+            error: None,
+        })
+    }
+
+    /// Runs the next step of `g` (the prefill first): `None` once it has ended (it may end
+    /// here, at the context). A step that fails ends it with [`StopReason::Error`].
+    pub fn next_step<'g>(&self, g: &'g mut Generation) -> Result<Option<&'g StepReport>> {
+        if g.is_done() {
+            return Ok(None);
+        }
+        if !g.fits() {
+            g.stopped = Some(StopReason::Context);
+            return Ok(None);
+        }
+        match self.step(g) {
+            Ok(step) => {
+                g.record(step);
+                Ok(g.steps.last())
+            }
+            Err(e) => {
+                g.stopped = Some(StopReason::Error);
+                g.error = Some(format!("{e:#}"));
+                Err(e)
+            }
+        }
     }
 
     /// Refuses no prompt, a prompt that is empty, outside the vocabulary or longer than the
@@ -344,31 +333,25 @@ impl Generator {
     }
 
     /// Runs one step on both sessions; the cache of each moves forward with its own presents.
-    fn step(
-        &self,
-        index: usize,
-        ours: &mut StepInputs,
-        theirs: Option<&mut StepInputs>,
-        chooser: Chooser,
-        options: &GenerationOptions,
-    ) -> Result<StepReport> {
-        let (fed, past) = (ours.fed(), ours.past());
+    fn step(&self, g: &mut Generation) -> Result<StepReport> {
+        let (fed, past) = (g.ours.fed(), g.ours.past());
         let planned_before = self.session.plan_stats().build_ms;
         let started = Instant::now();
-        let outputs = self.session.run_owned(ours.take_tensors()?)?;
+        let outputs = self.session.run_owned(g.ours.take_tensors()?)?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
         let planning_ms = self.session.plan_stats().build_ms - planned_before;
-        let logits = ours.take_outputs(&self.signature, outputs)?;
+        let logits = g.ours.take_outputs(&self.signature, outputs)?;
+        let seen = g.rows.seen(&g.options.prompts);
         // The reference draws with the same state of the streams, so both see the same `u`.
-        let mut twins = chooser.samplers.to_vec();
-        let tokens = Chooser::choose(chooser.samplers, chooser.seen, &last_logits(&logits)?)?;
-        let check = match (theirs, &self.reference) {
+        let mut twins = g.samplers.clone();
+        let tokens = Chooser::choose(&mut g.samplers, &seen, &last_logits(&logits)?)?;
+        let check = match (g.theirs.as_mut(), &self.reference) {
             (Some(t), Some(reference)) => {
                 let outputs = reference.run_owned(t.take_tensors()?)?;
                 let reference_logits = t.take_outputs(&self.signature, outputs)?;
                 let reference_tokens =
-                    Chooser::choose(&mut twins, chooser.seen, &last_logits(&reference_logits)?)?;
-                let tol = options.check.unwrap_or_default();
+                    Chooser::choose(&mut twins, &seen, &last_logits(&reference_logits)?)?;
+                let tol = g.options.check.unwrap_or_default();
                 let diff = crate::harness::diff_tensor(
                     &self.signature.logits,
                     &logits,
@@ -385,7 +368,7 @@ impl Generator {
             _ => None,
         };
         Ok(StepReport {
-            step: index,
+            step: g.steps.len(),
             fed,
             past,
             token: tokens[0].unwrap_or(-1),
@@ -396,15 +379,11 @@ impl Generator {
         })
     }
 
-    fn report(
-        &self,
-        options: &GenerationOptions,
-        rows: Rows,
-        steps: Vec<StepReport>,
-        stopped: StopReason,
-        context: Option<ContextLimit>,
-    ) -> GenerationReport {
-        let rows = rows.reports(&options.prompts, stopped);
+    /// The report of `g` so far (its tokens, steps and times, why it ended).
+    pub fn report(&self, g: &Generation) -> GenerationReport {
+        let stopped = g.stopped.unwrap_or(StopReason::MaxNewTokens);
+        let rows = g.rows.reports(&g.options.prompts, stopped);
+        let steps = g.steps.clone();
         let mut decode: Vec<f64> = steps
             .iter()
             .skip(1)
@@ -427,64 +406,8 @@ impl Generator {
                 .map(|_| steps.iter().all(|s| s.check.as_ref().is_some_and(|c| c.ok))),
             steps,
             stopped,
-            context,
-            error: None,
+            context: g.context.clone(),
+            error: g.error.clone(),
         }
-    }
-}
-
-/// Each row's generated tokens, and whether it has finished (made the end-of-sequence token).
-struct Rows {
-    tokens: Vec<Vec<i64>>,
-    finished: Vec<bool>,
-}
-
-impl Rows {
-    fn new(prompts: &[Vec<i64>]) -> Rows {
-        Rows {
-            tokens: vec![Vec::new(); prompts.len()],
-            finished: vec![false; prompts.len()],
-        }
-    }
-
-    /// Per row, the prompt and the tokens made so far; `None` for a finished row.
-    fn seen(&self, prompts: &[Vec<i64>]) -> Vec<Option<Vec<i64>>> {
-        (0..prompts.len())
-            .map(|r| (!self.finished[r]).then(|| [prompts[r].as_slice(), &self.tokens[r]].concat()))
-            .collect()
-    }
-
-    /// Adds a step's tokens to the rows still generating; returns the token each row feeds
-    /// next (a finished row feeds its last token again: it is masked in nothing, but its
-    /// tokens no longer change).
-    fn push(&mut self, chosen: &[Option<i64>], eos: Option<i64>) -> Vec<i64> {
-        for (r, t) in chosen.iter().enumerate() {
-            if let (Some(t), false) = (t, self.finished[r]) {
-                self.tokens[r].push(*t);
-                self.finished[r] = eos == Some(*t);
-            }
-        }
-        self.tokens
-            .iter()
-            .map(|t| t.last().copied().unwrap_or(0))
-            .collect()
-    }
-
-    fn all_finished(&self) -> bool {
-        self.finished.iter().all(|&f| f)
-    }
-
-    /// The rows' reports; a row not finished by its end-of-sequence token ended for `stopped`.
-    fn reports(self, prompts: &[Vec<i64>], stopped: StopReason) -> Vec<RowReport> {
-        self.tokens
-            .into_iter()
-            .zip(self.finished)
-            .zip(prompts)
-            .map(|((tokens, finished), prompt)| RowReport {
-                prompt: prompt.clone(),
-                tokens,
-                stopped: if finished { StopReason::Eos } else { stopped },
-            })
-            .collect()
     }
 }
