@@ -11,8 +11,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use attnrt::generate::{
-    GenerationFailed, GenerationOptions, GenerationReport, Generator, SamplingOptions, StepReport,
-    StopReason,
+    Generation, GenerationFailed, GenerationOptions, GenerationReport, Generator, SamplingOptions,
+    StepReport, StopReason,
 };
 use attnrt::harness::Tolerance;
 use attnrt::{FusionReport, SessionOptions, Threads};
@@ -22,6 +22,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use crate::common::{load, threads, LimitArgs, MatmulArgs, MemoryArgs};
+use crate::stream::RowText;
 
 /// Arguments of `attnrt generate`.
 #[derive(Args, Debug)]
@@ -50,6 +51,10 @@ pub struct GenerateArgs {
     /// Stop after this token id.
     #[arg(long, value_name = "ID")]
     pub eos: Option<i64>,
+    /// Stop a row when its text contains this string (repeatable; needs --tokenizer); the text
+    /// ends before it.
+    #[arg(long, value_name = "TEXT", requires = "tokenizer")]
+    pub stop: Vec<String>,
     /// The most positions to use, prompt and generated tokens together (default: the model's
     /// context, the rows of its position table when it has one).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -168,9 +173,21 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         max_length: args.max_length.map(|n| n as usize),
         sampling: args.sampling.options(args.seed),
     };
-    let bar = progress(args.max_new_tokens);
-    let outcome = generator.generate(&options, |s| on_step(&bar, s));
+    // Text is printed as it is made for one prompt with a tokenizer (not with --json).
+    let streaming = tokenizer.is_some() && !args.json && options.prompts.len() == 1;
+    let mut texts = Texts::new(
+        tokenizer.as_ref(),
+        &args.stop,
+        options.prompts.len(),
+        streaming,
+    );
+    let bar = progress(args.max_new_tokens, streaming);
+    let outcome = run_steps(&generator, &options, |g, s| {
+        on_step(&bar, s);
+        texts.update(g)
+    });
     bar.finish_and_clear();
+    texts.end();
     // A failed step still prints the tokens made before it, then the error.
     let report = match &outcome {
         Ok(report) => report,
@@ -186,7 +203,7 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         generator: &generator,
         threads: threads.count(),
     };
-    shown.print(&args, report, tokenizer.as_ref())?;
+    shown.print(&args, report, texts.finals()?.as_deref(), streaming)?;
     let report = outcome?;
     match report.check_ok {
         Some(false) => {
@@ -237,19 +254,10 @@ impl Shown<'_> {
         &self,
         args: &GenerateArgs,
         report: &GenerationReport,
-        tokenizer: Option<&tokenizers::Tokenizer>,
+        texts: Option<&[String]>,
+        streamed: bool,
     ) -> Result<()> {
-        let texts = match tokenizer {
-            Some(t) => Some(
-                report
-                    .rows
-                    .iter()
-                    .map(|r| decode(t, &r.tokens))
-                    .collect::<Result<Vec<_>>>()?,
-            ),
-            None => None,
-        };
-        let text = texts.as_ref().map(|t| t[0].clone());
+        let text = texts.map(|t| t[0].clone());
         let tol = args.check.then_some(Tolerance {
             atol: args.atol,
             rtol: args.rtol,
@@ -266,14 +274,15 @@ impl Shown<'_> {
                 "rows": report.rows.iter().enumerate().map(|(i, r)| json!({
                     "prompt": r.prompt,
                     "tokens": r.tokens,
-                    "text": texts.as_ref().map(|t| &t[i]),
+                    "text": texts.map(|t| &t[i]),
                     "stopped": r.stopped,
                 })).collect::<Vec<_>>(),
                 "tolerance": tol,
             });
             println!("{}", serde_json::to_string_pretty(&v)?);
         } else {
-            print_text(self.name, self.blocks, report, texts.as_deref(), tol);
+            let shown_texts = if streamed { None } else { texts };
+            print_text(self.name, self.blocks, report, shown_texts, tol);
         }
         if let (StopReason::Context, Some(c)) = (report.stopped, &report.context) {
             let given = if c.table.is_none() {
@@ -333,9 +342,113 @@ fn decode(t: &tokenizers::Tokenizer, tokens: &[i64]) -> Result<String> {
         .map_err(|e| anyhow::anyhow!("decoding the generated tokens: {e}"))
 }
 
-fn progress(total: usize) -> ProgressBar {
-    let bar =
-        ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::stderr());
+/// Runs `options`' generation step by step; `after` sees the generation after each step (and
+/// may finish rows in it). A failing step gives a [`GenerationFailed`] with the tokens made.
+fn run_steps(
+    generator: &Generator,
+    options: &GenerationOptions,
+    mut after: impl FnMut(&mut Generation, &StepReport) -> Result<()>,
+) -> Result<GenerationReport> {
+    let mut g = generator.start(options)?;
+    loop {
+        let step = match generator.next_step(&mut g) {
+            Ok(Some(step)) => step.clone(),
+            Ok(None) => return Ok(generator.report(&g)),
+            Err(error) => {
+                let report = generator.report(&g);
+                return Err(GenerationFailed { report, error }.into());
+            }
+        };
+        after(&mut g, &step)?;
+    }
+}
+
+/// The rows' texts as they grow (with a tokenizer): streamed to stdout for one row, cut at the
+/// stop strings, which finish their row.
+struct Texts<'t> {
+    tokenizer: Option<&'t tokenizers::Tokenizer>,
+    rows: Vec<RowText>,
+    /// Each row's whole decoded text so far.
+    decoded: Vec<String>,
+    /// Rows decoded for the last time.
+    done: Vec<bool>,
+    streaming: bool,
+}
+
+impl<'t> Texts<'t> {
+    fn new(
+        tokenizer: Option<&'t tokenizers::Tokenizer>,
+        stops: &[String],
+        rows: usize,
+        streaming: bool,
+    ) -> Texts<'t> {
+        if streaming {
+            print!("text: ");
+        }
+        Texts {
+            tokenizer,
+            rows: (0..rows).map(|_| RowText::new(stops)).collect(),
+            decoded: vec![String::new(); rows],
+            done: vec![false; rows],
+            streaming,
+        }
+    }
+
+    /// Decodes the rows still generating, prints what is new (streaming) and finishes the rows
+    /// whose text reached a stop string.
+    fn update(&mut self, g: &mut Generation) -> Result<()> {
+        let Some(t) = self.tokenizer else {
+            return Ok(());
+        };
+        for r in 0..g.batch() {
+            if self.done[r] {
+                continue;
+            }
+            // a row that finished this step is decoded once more, with its last token
+            self.done[r] = g.is_row_finished(r);
+            self.decoded[r] = decode(t, g.tokens(r))?;
+            let (new, stopped) = self.rows[r].feed(&self.decoded[r]);
+            if self.streaming {
+                print!("{new}");
+                std::io::Write::flush(&mut std::io::stdout())?;
+            }
+            if stopped {
+                g.finish_row(r, StopReason::Stop);
+                self.done[r] = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Prints the rest of a streamed row and ends its line.
+    fn end(&mut self) {
+        if self.streaming {
+            println!("{}", self.rows[0].rest(&self.decoded[0]));
+        }
+    }
+
+    /// Each row's final text (cut before its stop string), with a tokenizer.
+    fn finals(&self) -> Result<Option<Vec<String>>> {
+        if self.tokenizer.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.rows
+                .iter()
+                .zip(&self.decoded)
+                .map(|(r, d)| r.text(d).to_string())
+                .collect(),
+        ))
+    }
+}
+
+fn progress(total: usize, hidden: bool) -> ProgressBar {
+    let target = if hidden {
+        indicatif::ProgressDrawTarget::hidden()
+    } else {
+        indicatif::ProgressDrawTarget::stderr()
+    };
+    let bar = ProgressBar::with_draw_target(Some(total as u64), target);
     bar.set_style(
         ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} tokens {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
