@@ -5,10 +5,13 @@
 //!   JSON (the `report` of `attnrt fuse --json`);
 //! - `session::Session`: a session on the fused (or original) model, serving every input
 //!   shape; `run` takes numpy arrays by name and releases the GIL while the model runs;
+//! - `generator::DecoderModel`, `generator::Generation`: a decoder with a KV cache and
+//!   generations on it, one step at a time (behind `attnrt.Model` and `attnrt.Generator`);
 //! - every error is an `attnrt.AttnrtError` carrying attnrt's one-line message (a panic inside
 //!   attnrt is caught by the runtime and reported the same way; none crosses into Python).
 
 mod convert;
+mod generator;
 mod session;
 mod signature;
 
@@ -88,6 +91,8 @@ fn _attnrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fuse_model, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
     m.add_class::<session::Session>()?;
+    m.add_class::<generator::DecoderModel>()?;
+    m.add_class::<generator::Generation>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -3,14 +3,14 @@
 //! model's declared inputs (names, element types, ranks, fixed axes) before anything runs, and
 //! releases the GIL while the model runs, so several Python threads can run one session.
 
+use std::ffi::CString;
+
 use attnrt::{
     declared_inputs, dtype_name, DeclaredDim, DeclaredInput, MemoryBudget, ModelProto, NamedTensor,
     SessionOptions, Threads,
 };
-use pyo3::prelude::*;
-use std::ffi::CString;
-
 use pyo3::exceptions::PyUserWarning;
+use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::convert::{to_numpy, to_tensor};
