@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use attnrt::generate::{GenerationOptions, Generator, SamplingOptions};
-use attnrt::{MemoryBudget, SessionOptions, Threads};
+use attnrt::{SessionOptions, Threads};
 use pyo3::prelude::*;
 
 use crate::{load_model, py_err, AttnrtError};
@@ -33,13 +33,7 @@ impl DecoderModel {
         threads: Option<usize>,
         max_memory: Option<String>,
     ) -> PyResult<DecoderModel> {
-        let budget = match max_memory {
-            Some(size) => {
-                MemoryBudget::parse(&size).map_err(|e| py_err(e.context("max_memory")))?
-            }
-            None => MemoryBudget::machine_default(),
-        }
-        .raised_with("max_memory=");
+        let budget = crate::memory_budget(max_memory)?;
         let (proto, what) = load_model(model)?;
         py.detach(|| -> anyhow::Result<DecoderModel> {
             let threads = Threads::new(threads)?;

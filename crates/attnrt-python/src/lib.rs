@@ -42,6 +42,18 @@ pub(crate) fn py_err(e: anyhow::Error) -> PyErr {
     AttnrtError::new_err(format!("{e:#}"))
 }
 
+/// The memory budget of `max_memory=` (bytes, or a size such as `8G`), else the machine's
+/// default; its error tells the user to raise `max_memory=`.
+pub(crate) fn memory_budget(max_memory: Option<String>) -> PyResult<attnrt::MemoryBudget> {
+    let budget = match max_memory {
+        Some(size) => {
+            attnrt::MemoryBudget::parse(&size).map_err(|e| py_err(e.context("max_memory")))?
+        }
+        None => attnrt::MemoryBudget::machine_default(),
+    };
+    Ok(budget.raised_with("max_memory="))
+}
+
 /// A model given as a path (`str`/`os.PathLike`) or as the bytes of an ONNX file.
 pub(crate) fn load_model(model: &Bound<'_, PyAny>) -> PyResult<(ModelProto, String)> {
     let limits = Limits::default();

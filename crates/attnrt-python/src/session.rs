@@ -42,12 +42,7 @@ impl Session {
         threads: Option<usize>,
         max_memory: Option<String>,
     ) -> PyResult<Session> {
-        let budget = match max_memory {
-            Some(size) => MemoryBudget::parse(&size)
-                .map_err(|e| py_err(e.context("max_memory")))?
-                .raised_with("max_memory="),
-            None => MemoryBudget::machine_default().raised_with("max_memory="),
-        };
+        let budget = crate::memory_budget(max_memory)?;
         let (proto, what) = load_model(model)?;
         py.detach(|| build(proto, &what, fuse, threads, budget))
             .map_err(py_err)
