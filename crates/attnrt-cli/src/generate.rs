@@ -515,14 +515,14 @@ fn print_text(
     }
     let planning = r.steps.first().map_or(0.0, |s| s.planning_ms);
     println!(
-        "time to first token: {:.2} ms (of which {planning:.2} ms planning the prompt's shape)",
+        "time to first token: {:.2} ms (plans made meanwhile: {planning:.2} ms, the prompt's and, alongside, the decode steps')",
         r.time_to_first_token_ms
     );
     if let (Some(tps), Some(ms)) = (r.decode_tokens_per_s, r.median_step_ms) {
         println!("decode: {tps:.1} tokens/s, median {ms:.3} ms per step (steps that made a plan excluded)");
     }
     println!(
-        "plans: {} built in {:.1} ms (one for the prompt, one for the decode steps)",
+        "plans: {} built in {:.1} ms (one for the prompt, one for the decode steps, made while the prompt runs)",
         r.plans.built, r.plans.build_ms
     );
     if let (Some(ok), Some(tol)) = (r.check_ok, tol) {

@@ -73,6 +73,9 @@ fn fused_decoders_generate_the_unfused_tokens_with_two_plans() {
         );
         let pasts: Vec<usize> = report.steps.iter().map(|s| s.past).collect();
         assert_eq!(pasts, [0, 5, 6, 7, 8, 9], "{file}");
+        // the decode steps' plan was made while the prompt ran: no decode step plans
+        let planned: Vec<f64> = report.steps[1..].iter().map(|s| s.planning_ms).collect();
+        assert!(planned.iter().all(|&ms| ms == 0.0), "{file}: {planned:?}");
     }
 }
 

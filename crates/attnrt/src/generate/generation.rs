@@ -23,6 +23,9 @@ pub struct Generation {
     pub(super) stopped: Option<StopReason>,
     /// The failing step's error ([`StopReason::Error`]).
     pub(super) error: Option<String>,
+    /// The decode steps' plan, being made while the prompt runs (joined before the first
+    /// decode step).
+    pub(super) decode_plan: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Generation {

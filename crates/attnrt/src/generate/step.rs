@@ -134,6 +134,41 @@ impl StepInputs {
         Ok(t)
     }
 
+    /// Inputs shaped like the first decode step's after this prefill (one token per row, a past
+    /// of this step's length), holding zeros and ones: what planning that step needs.
+    pub fn next_step_shapes(&self, sig: &DecoderSignature) -> Result<Vec<NamedTensor>> {
+        let (batch, past) = (self.batch(), self.past + self.fed());
+        let ones = vec![vec![1; past + 1]; batch];
+        let ids = vec![vec![PAD]; batch];
+        let mut t = vec![NamedTensor {
+            name: self.input_ids.clone(),
+            tensor: rows(&ids, self.ids_type)?,
+        }];
+        if let Some((name, ty)) = &self.mask {
+            let tensor = rows(&ones, *ty)?;
+            t.push(NamedTensor {
+                name: name.clone(),
+                tensor,
+            });
+        }
+        if let Some((name, ty)) = &self.positions {
+            let tensor = rows(&ids, *ty)?;
+            t.push(NamedTensor {
+                name: name.clone(),
+                tensor,
+            });
+        }
+        for c in &sig.cache {
+            let tensor =
+                Tensor::zero_dt(datum(c.elem_type)?, &[batch, c.heads, past, c.head_size])?;
+            t.push(NamedTensor {
+                name: c.past.clone(),
+                tensor,
+            });
+        }
+        Ok(t)
+    }
+
     /// Takes a step's outputs: the presents become the cache, the logits are returned.
     pub fn take_outputs(
         &mut self,
