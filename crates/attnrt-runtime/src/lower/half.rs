@@ -325,7 +325,8 @@ fn cast_at_boundary(g: &mut tpb::GraphProto) {
     let mut back = Vec::new();
     let inputs: Vec<String> = g.input.iter().map(|i| i.name.clone()).collect();
     for i in &g.input {
-        if tract_declared(i).is_some_and(is_half) && !is_output(g, &i.name) {
+        // Readers get the float32 copy; an input that is also an output passes on unchanged.
+        if tract_declared(i).is_some_and(is_half) {
             let wide = format!("{}.attnrt_float", i.name);
             front.push(cast_node(
                 &format!("attnrt_widen_{}", i.name),
@@ -366,11 +367,6 @@ fn cast_at_boundary(g: &mut tpb::GraphProto) {
     g.node = front.into_iter().chain(nodes).chain(back).collect();
 }
 
-/// Whether `name` is one of `g`'s outputs.
-fn is_output(g: &tpb::GraphProto, name: &str) -> bool {
-    g.output.iter().any(|o| o.name == name)
-}
-
 /// `t` as float32 if it is float16/bfloat16 (values in `raw_data`, or one per `int32_data`
 /// entry as ONNX stores 16-bit types); any other tensor unchanged.
 fn widen(t: &mut tpb::TensorProto) {
@@ -400,4 +396,168 @@ fn widen(t: &mut tpb::TensorProto) {
     t.raw_data = values;
     t.int32_data.clear();
     t.data_type = FLOAT;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{NamedTensor, Session, SessionOptions, Tensor, Threads};
+    use attnrt_onnx::attr::make_int;
+    use attnrt_onnx::proto::TensorProto;
+    use attnrt_testkit::{node, node_with_attrs, tensor_f32, value_info, GraphBuilder};
+    use tract_onnx::prelude::{f16, DatumType};
+
+    fn tensor_f16(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
+        TensorProto {
+            name: name.into(),
+            dims: dims.to_vec(),
+            data_type: DataType::Float16 as i32,
+            raw_data: values
+                .iter()
+                .flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes())
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// `y = x·W + b` (float16 in, weights and out) and `i = Cast<int64>(x[0] · s)`, with
+    /// x [1, 4] and s chosen so that the product rounds to 3.0 in float16 but is below 3 in
+    /// float32.
+    fn half_model() -> ModelProto {
+        let mut g = GraphBuilder::new("g");
+        g.input(value_info("x", DataType::Float16, &[1, 4]));
+        let w: Vec<f32> = (0..12).map(|v| v as f32 * 0.25 - 1.0).collect();
+        g.initializer(tensor_f16("w", &[4, 3], &w));
+        g.initializer(tensor_f16("b", &[3], &[0.5, -0.5, 1.0]));
+        g.initializer(tensor_f16("s", &[1, 4], &[2.994_140_6; 4]));
+        g.node(node("mm", "MatMul", &["x", "w"], &["xw"]));
+        g.node(node("add", "Add", &["xw", "b"], &["y"]));
+        g.node(node("mul", "Mul", &["x", "s"], &["p"]));
+        g.node(node_with_attrs(
+            "cast",
+            "Cast",
+            &["p"],
+            &["i"],
+            vec![make_int("to", 7)],
+        ));
+        g.output(value_info("y", DataType::Float16, &[1, 3]));
+        g.output(value_info("i", DataType::Int64, &[1, 4]));
+        g.into_model(17)
+    }
+
+    fn run(model: &ModelProto, half_as_float: bool) -> (Vec<NamedTensor>, Vec<String>) {
+        let x: Vec<f16> = [1.001_953_1, 1.0, -1.0, 0.5].map(f16::from_f32).to_vec();
+        let inputs = [NamedTensor {
+            name: "x".into(),
+            tensor: Tensor::from_shape(&[1, 4], &x).unwrap(),
+        }];
+        let options = SessionOptions {
+            half_as_float,
+            ..SessionOptions::per_shape()
+        };
+        let threads = Threads::new(Some(1)).unwrap();
+        let s = Session::build_with_options(model, &inputs, &threads, "half", &options).unwrap();
+        (s.run(&inputs).unwrap(), s.op_names())
+    }
+
+    #[test]
+    fn a_float16_graph_runs_in_float32_and_keeps_its_interface() {
+        let model = half_model();
+        let report = half_as_float_report(&model).unwrap();
+        assert_eq!((report.tensors, report.values, report.boundary), (3, 19, 2));
+        assert_eq!(report.declined, None);
+        let (on, on_ops) = run(&model, true);
+        let (off, off_ops) = run(&model, false);
+        for out in [&on, &off] {
+            assert_eq!(out[0].tensor.datum_type(), DatumType::F16);
+            // The Cast to int64 sees the product rounded to float16 (3.0), as the graph has it,
+            // not the float32 product 2.99998856.
+            // (tract hands this integer output back as TDim: read it as int64.)
+            let i = out[1].tensor.cast_to_dt(DatumType::I64).unwrap();
+            let i = i
+                .try_as_plain_ram()
+                .unwrap()
+                .as_slice::<i64>()
+                .unwrap()
+                .to_vec();
+            assert_eq!(i, [3, 2, -2, 1]);
+        }
+        let y = |t: &Tensor| -> Vec<f32> {
+            t.try_as_plain_ram()
+                .unwrap()
+                .as_slice::<f16>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_f32())
+                .collect()
+        };
+        for (a, b) in y(&on[0].tensor).iter().zip(y(&off[0].tensor)) {
+            assert!((a - b).abs() <= 2e-3 * b.abs() + 1e-3, "{a} vs {b}");
+        }
+        let projections = |ops: &[String]| {
+            ops.iter()
+                .filter(|o| o.as_str() == crate::projection::OP_NAME)
+                .count()
+        };
+        assert_eq!(projections(&on_ops), 1, "{on_ops:?}");
+        assert_eq!(projections(&off_ops), 0, "{off_ops:?}");
+    }
+
+    #[test]
+    fn bfloat16_and_float16_tensors_widen_exactly() {
+        let mut t = tpb::TensorProto {
+            data_type: DataType::Bfloat16 as i32,
+            dims: vec![3],
+            int32_data: vec![0x3f80, 0xc000, 0x3e20],
+            ..Default::default()
+        };
+        widen(&mut t);
+        assert_eq!(t.data_type, FLOAT);
+        let v: Vec<f32> = t
+            .raw_data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(v, [1.0, -2.0, 0.15625]);
+        let mut h = tpb::TensorProto {
+            data_type: DataType::Float16 as i32,
+            dims: vec![2],
+            raw_data: [0x3c00u16, 0x7c00]
+                .iter()
+                .flat_map(|b| b.to_le_bytes())
+                .collect(),
+            ..Default::default()
+        };
+        widen(&mut h);
+        let v: Vec<f32> = h
+            .raw_data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(v, [1.0, f32::INFINITY]);
+    }
+
+    #[test]
+    fn float32_models_are_not_reported_and_foreign_domains_decline() {
+        let mut g = GraphBuilder::new("g");
+        g.input(value_info("x", DataType::Float, &[2]));
+        g.initializer(tensor_f32("w", &[2], &[1.0, 2.0]));
+        g.node(node("m", "Mul", &["x", "w"], &["y"]));
+        g.output(value_info("y", DataType::Float, &[2]));
+        assert_eq!(half_as_float_report(&g.into_model(17)), None);
+
+        let mut g = GraphBuilder::new("g");
+        g.input(value_info("x", DataType::Float16, &[2]));
+        g.initializer(tensor_f16("w", &[2], &[1.0, 2.0]));
+        let mut n = node("fm", "FastMul", &["x", "w"], &["y"]);
+        n.domain = "com.example".into();
+        g.node(n);
+        g.output(value_info("y", DataType::Float16, &[2]));
+        let r = half_as_float_report(&g.into_model(17)).unwrap();
+        assert_eq!(
+            r.declined.as_deref(),
+            Some("node 'fm' is in domain 'com.example'")
+        );
+        assert!(r.to_string().contains("as declared"), "{r}");
+    }
 }
