@@ -503,6 +503,75 @@ mod tests {
         assert_eq!(projections(&off_ops), 0, "{off_ops:?}");
     }
 
+    /// float32 in and out, bfloat16 inside (`Cast`s at the boundary, a bfloat16 weight): tract
+    /// has no bfloat16, so the graph runs only through the rewrite, as a float32 projection.
+    #[test]
+    fn a_bfloat16_graph_with_float32_boundaries_runs_on_the_float32_kernels() {
+        let mut g = GraphBuilder::new("g");
+        g.input(value_info("x", DataType::Float, &[2, 2]));
+        // bfloat16 bits of 1.0, 2.0, -0.5, 0.25 ([2, 2] row-major).
+        g.initializer(TensorProto {
+            name: "w".into(),
+            dims: vec![2, 2],
+            data_type: DataType::Bfloat16 as i32,
+            int32_data: vec![0x3f80, 0x4000, 0xbf00, 0x3e80],
+            ..Default::default()
+        });
+        let to = |t: DataType| vec![make_int("to", t as i64)];
+        g.node(node_with_attrs(
+            "in",
+            "Cast",
+            &["x"],
+            &["xb"],
+            to(DataType::Bfloat16),
+        ));
+        g.node(node("mm", "MatMul", &["xb", "w"], &["yb"]));
+        g.node(node_with_attrs(
+            "out",
+            "Cast",
+            &["yb"],
+            &["y"],
+            to(DataType::Float),
+        ));
+        g.output(value_info("y", DataType::Float, &[2, 2]));
+        let model = g.into_model(17);
+        let inputs = [NamedTensor {
+            name: "x".into(),
+            tensor: Tensor::from_shape(&[2, 2], &[1.0f32, 2.0, 3.0, -1.0]).unwrap(),
+        }];
+        let threads = Threads::new(Some(1)).unwrap();
+        let s = Session::build_with_options(
+            &model,
+            &inputs,
+            &threads,
+            "bf16",
+            &SessionOptions::per_shape(),
+        )
+        .unwrap();
+        let y = s.run(&inputs).unwrap();
+        let y = y[0]
+            .tensor
+            .try_as_plain_ram()
+            .unwrap()
+            .as_slice::<f32>()
+            .unwrap()
+            .to_vec();
+        assert_eq!(y, [0.0, 2.5, 3.5, 5.75]);
+        assert!(
+            s.op_names().iter().any(|o| o == crate::projection::OP_NAME),
+            "{:?}",
+            s.op_names()
+        );
+        assert_eq!(half_as_float_report(&model).unwrap().casts, 1);
+        // As declared, tract refuses the bfloat16 graph: an error, not a panic.
+        let off = SessionOptions {
+            half_as_float: false,
+            ..SessionOptions::per_shape()
+        };
+        let err = Session::build_with_options(&model, &inputs, &threads, "bf16", &off).unwrap_err();
+        assert!(format!("{err:#}").contains("Bfloat16"), "{err:#}");
+    }
+
     #[test]
     fn bfloat16_and_float16_tensors_widen_exactly() {
         let mut t = tpb::TensorProto {
