@@ -13,7 +13,7 @@
 
 use crate::options::{SessionOptions, Switch};
 use crate::tract_parser::OnnxParser;
-use crate::{attention, gather, gelu, layer_norm, projection};
+use crate::{attention, gather, gelu, layer_norm, projection, quant_projection};
 
 /// What an op counts as in [`OpCounts`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +51,14 @@ pub(crate) static OPS: &[RuntimeOp] = &[
     RuntimeOp {
         name: projection::OP_NAME,
         parsers: &[&projection::MATMUL, &projection::GEMM],
+        counts_as: Counted::Projection,
+        switch: Switch::AttnrtOps,
+    },
+    // The projections of dynamically quantized models: the rewrite `dynamic-quantize-matmul`
+    // (`lower/quant.rs`) writes the op type, which tract has no parser for.
+    RuntimeOp {
+        name: quant_projection::OP_NAME,
+        parsers: &[&quant_projection::PARSER],
         counts_as: Counted::Projection,
         switch: Switch::AttnrtOps,
     },
@@ -201,8 +209,14 @@ mod tests {
                         p.op_type,
                         op.name
                     );
-                    // tract has a parser of its own for each: kept, or left in place.
-                    assert!(tract.op_register.0.contains_key(p.op_type), "{}", p.op_type);
+                    // tract has a parser of its own for each (kept, or left in place), except
+                    // for the op types only attnrt's rewrites write.
+                    let new_op_type = p.op_type == quant_projection::OP_TYPE;
+                    assert!(
+                        new_op_type || tract.op_register.0.contains_key(p.op_type),
+                        "{}",
+                        p.op_type
+                    );
                 }
             }
             // Nothing else is replaced.

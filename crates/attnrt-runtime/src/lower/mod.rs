@@ -8,6 +8,9 @@
 //! - [`identity`]: nodes that are the identity at inference never reach tract.
 //! - [`pow`]: `Pow` by a constant 2, 3 or 4 runs as multiplications.
 //! - [`pad`]: `Pad`'s `constant_value` is made a scalar, as tract reads it.
+//! - [`quant`]: each projection of a dynamically quantized model (`DynamicQuantizeLinear →
+//!   MatMulInteger → Cast → Mul`, bias `Add`) becomes one `DynamicQuantizeMatMul` node, which
+//!   runs on attnrt's integer kernels.
 //! - [`types`]: element types known before run time, which the rewrites need to be exact.
 //!
 //! The execution ops attnrt registers in tract's parser are listed in `registry.rs`.
@@ -15,6 +18,7 @@
 mod identity;
 mod pad;
 mod pow;
+mod quant;
 mod shapes;
 mod types;
 
@@ -62,6 +66,11 @@ pub(crate) static PASSES: &[Pass] = &[
         name: "scalar-pad-values",
         switch: Switch::Always,
         run: pad::scalar_pad_values,
+    },
+    Pass {
+        name: "dynamic-quantize-matmul",
+        switch: Switch::AttnrtOps,
+        run: quant::dynamic_quantize_matmul,
     },
 ];
 
