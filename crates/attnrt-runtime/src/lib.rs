@@ -13,6 +13,7 @@
 //!   kernels.
 //! - [`quant_projection`]: the projections of dynamically quantized models (int8 weights) as
 //!   one op on attnrt's exact integer kernels.
+//! - [`matmul_integer`]: `MatMulInteger` by a constant weight on the same integer kernels.
 //! - [`layer_norm`]: `LayerNormalization` as one op over rows.
 //! - [`gelu`]: `Gelu` split over the session's threads.
 //! - [`gather`]: `Gather` with its indices checked (tract's indexes without a bounds check).
@@ -36,6 +37,7 @@ mod guard;
 mod kernels;
 pub mod layer_norm;
 mod lower;
+pub mod matmul_integer;
 pub mod memory;
 pub mod options;
 pub mod plan;

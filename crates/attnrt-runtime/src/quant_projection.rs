@@ -193,7 +193,7 @@ impl QuantProjectionOp {
         if let Some(z) = zero_point {
             per_column(z, "b_zero_point")?;
         }
-        let weight = pack(w, zero_point, k, n).with_context(ctx)?;
+        let weight = pack_weight(w, zero_point, k, n).with_context(ctx)?;
         let scales = f32_data(scale).with_context(ctx)?;
         let w_scale = (0..n)
             .map(|j| scales[if scales.len() == n { j } else { 0 }])
@@ -225,7 +225,7 @@ impl QuantProjectionOp {
 
 /// `w: [k, n]` int8 or uint8 minus its zero point (`[]`, `[1]` or `[n]` of the same type; 0 when
 /// absent), packed.
-fn pack(
+pub(crate) fn pack_weight(
     w: &Tensor,
     zero_point: Option<&Tensor>,
     k: usize,
@@ -252,6 +252,31 @@ fn pack(
         }
         dt => bail!("B is {dt:?}, needs int8 or uint8"),
     }
+}
+
+/// The rows of an input of `shape` `[..., k]` by `w: [k, n]`, and the output's shape
+/// `[..., n]`; an error when the last extent is not `k`.
+pub(crate) fn rows_and_output(
+    shape: &[usize],
+    w: &QuantizedWeight,
+) -> TractResult<(usize, TVec<usize>)> {
+    let k = w.k();
+    let Some((_, rows)) = shape.split_last().filter(|(&last, _)| last == k) else {
+        bail!("A is {shape:?}, the weight needs [..., {k}]");
+    };
+    let mut out: TVec<usize> = shape.into();
+    *out.last_mut().unwrap() = w.n();
+    Ok((rows.iter().product(), out))
+}
+
+/// The shape of the output fact for an input fact `a: [..., k]` by `w: [k, n]`: `[..., n]`.
+pub(crate) fn output_fact_shape(a: &TypedFact, w: &QuantizedWeight) -> TractResult<TVec<TDim>> {
+    let mut shape: TVec<TDim> = a.shape.iter().cloned().collect();
+    match shape.last_mut() {
+        Some(last) => *last = w.n().into(),
+        None => bail!("A is a scalar"),
+    }
+    Ok(shape)
 }
 
 impl Op for QuantProjectionOp {
@@ -284,18 +309,11 @@ impl EvalOp for QuantProjectionOp {
     fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
         let ctx = || format!("{OP_TYPE} node '{}'", self.node);
         let x = &inputs[0];
-        let (k, n) = (self.weight.k(), self.weight.n());
-        let shape = x.shape();
-        if x.datum_type() != DatumType::F32 || shape.last() != Some(&k) {
-            bail!(
-                "{}: A is {:?} {shape:?}, the weight needs f32 [..., {k}]",
-                ctx(),
-                x.datum_type()
-            );
+        let k = self.weight.k();
+        if x.datum_type() != DatumType::F32 {
+            bail!("{}: A is {:?}, needs f32", ctx(), x.datum_type());
         }
-        let m: usize = shape[..shape.len() - 1].iter().product();
-        let mut out_shape: TVec<usize> = shape.into();
-        *out_shape.last_mut().unwrap() = n;
+        let (m, out_shape) = rows_and_output(x.shape(), &self.weight).with_context(ctx)?;
         let xs = f32_data(x).with_context(ctx)?;
         let (kernel, threads) = (self.kernels.quant(), self.kernels.threads());
         let rows = QuantizedRows::quantize_dynamic(kernel, threads, xs, m, k);
@@ -322,11 +340,8 @@ impl TypedOp for QuantProjectionOp {
         if a.datum_type != DatumType::F32 {
             bail!("{OP_TYPE} node '{}': A is {:?}", self.node, a.datum_type);
         }
-        let mut shape: TVec<TDim> = a.shape.iter().cloned().collect();
-        match shape.last_mut() {
-            Some(last) => *last = self.weight.n().into(),
-            None => bail!("{OP_TYPE} node '{}': A is a scalar", self.node),
-        }
+        let shape = output_fact_shape(a, &self.weight)
+            .with_context(|| format!("{OP_TYPE} node '{}'", self.node))?;
         Ok(tvec!(f32::fact(shape)))
     }
 }

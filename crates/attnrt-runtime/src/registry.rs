@@ -13,7 +13,7 @@
 
 use crate::options::{SessionOptions, Switch};
 use crate::tract_parser::OnnxParser;
-use crate::{attention, gather, gelu, layer_norm, projection, quant_projection};
+use crate::{attention, gather, gelu, layer_norm, matmul_integer, projection, quant_projection};
 
 /// What an op counts as in [`OpCounts`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +59,13 @@ pub(crate) static OPS: &[RuntimeOp] = &[
     RuntimeOp {
         name: quant_projection::OP_NAME,
         parsers: &[&quant_projection::PARSER],
+        counts_as: Counted::Projection,
+        switch: Switch::AttnrtOps,
+    },
+    // `MatMulInteger` by a constant weight outside those chains.
+    RuntimeOp {
+        name: matmul_integer::OP_NAME,
+        parsers: &[&matmul_integer::PARSER],
         counts_as: Counted::Projection,
         switch: Switch::AttnrtOps,
     },

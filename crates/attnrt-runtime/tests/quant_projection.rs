@@ -147,7 +147,12 @@ fn quantized_model(forms: &[Form], k: i64, n: i64) -> ModelProto {
     g.into_model(20)
 }
 
-fn run(m: &ModelProto, inputs: &[NamedTensor], attnrt_ops: bool) -> (Vec<Vec<f32>>, Vec<String>) {
+/// Every output of `m` as `T` values, and the op names of the plan (attnrt's ops on or off).
+fn run<T: attnrt_runtime::Datum + Copy>(
+    m: &ModelProto,
+    inputs: &[NamedTensor],
+    attnrt_ops: bool,
+) -> (Vec<Vec<T>>, Vec<String>) {
     let threads = Threads::new(Some(2)).unwrap();
     let options = SessionOptions {
         attnrt_ops,
@@ -159,7 +164,7 @@ fn run(m: &ModelProto, inputs: &[NamedTensor], attnrt_ops: bool) -> (Vec<Vec<f32
         .iter()
         .map(|o| {
             o.tensor
-                .to_plain_array_view::<f32>()
+                .to_plain_array_view::<T>()
                 .unwrap()
                 .iter()
                 .copied()
@@ -181,8 +186,8 @@ fn x(k: usize, scale: f32) -> Vec<NamedTensor> {
 fn compare(forms: &[Form], k: i64, n: i64, scale: f32) -> (Vec<String>, f32) {
     let m = quantized_model(forms, k, n);
     let inputs = x(k as usize, scale);
-    let (a, a_ops) = run(&m, &inputs, true);
-    let (t, t_ops) = run(&m, &inputs, false);
+    let (a, a_ops) = run::<f32>(&m, &inputs, true);
+    let (t, t_ops) = run::<f32>(&m, &inputs, false);
     assert!(
         !t_ops.iter().any(|o| o == "AttnrtQuantProjection"),
         "{t_ops:?}"
@@ -278,4 +283,74 @@ fn a_weight_that_is_a_graph_input_stays_on_tract() {
     );
     assert_eq!(count(&ops, "AttnrtQuantProjection"), 1, "{ops:?}");
     assert_eq!(worst, 0.0);
+}
+
+/// `y = MatMulInteger(a, W, a_zp, w_zp)` alone: `a: [3, 5, k]` and its zero point graph inputs
+/// of type `a_type` (the zero point `[]`, or `[5]` per row when `per_row`), the weight int8.
+fn matmul_integer_model(a_type: DataType, per_row: bool, k: i64, n: i64) -> ModelProto {
+    let mut g = GraphBuilder::new("mmi");
+    g.input(value_info("a", a_type, &[3, 5, k]));
+    let zp_dims: &[i64] = if per_row { &[5] } else { &[] };
+    g.input(value_info("az", a_type, zp_dims));
+    g.initializer(tensor_q("w", &[k, n], false, 3));
+    g.initializer(tensor_q("wz", &[n], false, 4));
+    g.node(node(
+        "mmi",
+        "MatMulInteger",
+        &["a", "w", "az", "wz"],
+        &["y"],
+    ));
+    g.output(value_info("y", DataType::Int32, &[3, 5, n]));
+    g.into_model(17)
+}
+
+#[test]
+fn a_matmul_integer_by_a_constant_weight_runs_on_the_integer_kernel_exactly() {
+    let (k, n) = (37usize, 21usize);
+    for (unsigned, per_row) in [(true, false), (false, false), (true, true)] {
+        let a_type = if unsigned {
+            DataType::Uint8
+        } else {
+            DataType::Int8
+        };
+        let m = matmul_integer_model(a_type, per_row, k as i64, n as i64);
+        let raw = values(3 * 5 * k, 9);
+        let (a, az) = if unsigned {
+            let a: Vec<u8> = raw.iter().map(|v| (v * 127.5 + 127.5) as u8).collect();
+            let az: Vec<u8> = (0..if per_row { 5 } else { 1 })
+                .map(|i| 100 + 7 * i as u8)
+                .collect();
+            (
+                Tensor::from_shape(&[3, 5, k], &a).unwrap(),
+                Tensor::from_shape(if per_row { &[5][..] } else { &[] }, &az).unwrap(),
+            )
+        } else {
+            let a: Vec<i8> = raw.iter().map(|v| (v * 127.9) as i8).collect();
+            (
+                Tensor::from_shape(&[3, 5, k], &a).unwrap(),
+                Tensor::from_shape(&[], &[-3i8]).unwrap(),
+            )
+        };
+        let inputs = vec![
+            NamedTensor {
+                name: "a".into(),
+                tensor: a,
+            },
+            NamedTensor {
+                name: "az".into(),
+                tensor: az,
+            },
+        ];
+        let (ours, ops) = run::<i32>(&m, &inputs, true);
+        let (tract, tract_ops) = run::<i32>(&m, &inputs, false);
+        assert_eq!(ours, tract, "unsigned {unsigned} per_row {per_row}");
+        assert!(ours[0].iter().any(|&v| v != 0));
+        // A zero point per row of `a` is tract's.
+        assert_eq!(
+            count(&ops, "AttnrtMatMulInteger"),
+            usize::from(!per_row),
+            "{ops:?}"
+        );
+        assert_eq!(count(&tract_ops, "AttnrtMatMulInteger"), 0, "{tract_ops:?}");
+    }
 }

@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 
 use super::{MR, NR};
 
-/// [`super::rows::range`] on AVX2.
+/// [`super::portable::range`] on AVX2.
 ///
 /// # Safety
 /// The CPU must have AVX2.
@@ -30,13 +30,13 @@ pub(super) unsafe fn range(x: &[f32]) -> (f32, f32) {
         _mm256_storeu_ps(los.as_mut_ptr(), lo);
         _mm256_storeu_ps(his.as_mut_ptr(), hi);
     }
-    let (tlo, thi) = super::rows::range(tail);
+    let (tlo, thi) = super::portable::range(tail);
     let lo = los.iter().fold(tlo, |a, &v| if v < a { v } else { a });
     let hi = his.iter().fold(thi, |a, &v| if v > a { v } else { a });
     (lo, hi)
 }
 
-/// [`super::rows::quantize`] on AVX2.
+/// [`super::portable::quantize`] on AVX2.
 ///
 /// # Safety
 /// The CPU must have AVX2.
@@ -64,7 +64,7 @@ pub(super) unsafe fn quantize(x: &[f32], scale: f32, zero_point: u8, out: &mut [
             );
         }
     }
-    super::rows::quantize(&x[whole..n], scale, zero_point, &mut out[whole..n]);
+    super::portable::quantize(&x[whole..n], scale, zero_point, &mut out[whole..n]);
 }
 
 /// `acc[r][j] = Σ_p a[r·stride + p] · panel[p][j]` (wrapping i32) for `MR` rows of widened

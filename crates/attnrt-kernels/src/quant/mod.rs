@@ -21,6 +21,7 @@
 
 mod avx2;
 mod matmul;
+mod portable;
 mod rows;
 mod weight;
 
