@@ -25,14 +25,22 @@ fn main() -> Result<()> {
     let rounds = env_list("ATTNRT_BENCH_ROUNDS", &[10])?[0];
     let threads = env_list("ATTNRT_BENCH_THREADS", &[2])?[0];
     println!("{}", machine_note());
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
     let kernels = KernelSet::resolve()?;
     println!(
         "{threads} threads, {rounds} paired rounds; int8 on {}, float32 on {}",
         kernels.quant(),
         kernels.projection()
     );
-    let mut table = Table::new(&["tokens × k × n", "int8 ms", "f32 ms", "f32 / int8", "int8 GMAC/s"]);
+    let mut table = Table::new(&[
+        "tokens × k × n",
+        "int8 ms",
+        "f32 ms",
+        "f32 / int8",
+        "int8 GMAC/s",
+    ]);
     for &m in &lens {
         for (k, n) in [(768usize, 768usize), (768, 3072), (3072, 768)] {
             let x = seeded_values(m * k, 1);
@@ -51,12 +59,30 @@ fn main() -> Result<()> {
                         if quantized {
                             let (q, policy) = (kernels.quant(), kernels.threads());
                             let rows = QuantizedRows::quantize_dynamic(q, policy, &x, m, k);
-                            let scale: Vec<f32> = w_scale.iter().map(|s| s * rows.scale()).collect();
-                            let out = QuantOutput::Float { y: &mut y, scale: &scale, bias: Some(&bias), activation: None };
+                            let scale: Vec<f32> =
+                                w_scale.iter().map(|s| s * rows.scale()).collect();
+                            let out = QuantOutput::Float {
+                                y: &mut y,
+                                scale: &scale,
+                                bias: Some(&bias),
+                                activation: None,
+                            };
                             quant_matmul(q, policy, &rows, &quant_w, out);
                         } else {
-                            let product = Product { w: &float_w, alpha: 1.0, bias: Some(&bias), activation: None };
-                            project(kernels.projection(), kernels.threads(), &x, &product, &mut y, m);
+                            let product = Product {
+                                w: &float_w,
+                                alpha: 1.0,
+                                bias: Some(&bias),
+                                activation: None,
+                            };
+                            project(
+                                kernels.projection(),
+                                kernels.threads(),
+                                &x,
+                                &product,
+                                &mut y,
+                                m,
+                            );
                         }
                         let ms = t.elapsed().as_secs_f64() * 1e3;
                         if r > 0 {
