@@ -3,7 +3,7 @@
 //!
 //! - [`constant`]: `Constant`, `ConstantOfShape`, `Shape`, `Range`, `Cast`, `Identity`;
 //! - [`elementwise`]: unary ops, broadcasting binary ops and their arithmetic on known values;
-//! - [`shape_ops`]: `Reshape`, `Transpose`, `(Un)Squeeze`, `Expand`, `Flatten`;
+//! - [`shape_ops`]: `Reshape`, `Transpose`, `(Un)Squeeze`, `Expand`, `Tile`, `Flatten`;
 //! - [`indexing`]: `Concat`, `Gather`, `Slice`, `Pad`, `Split`;
 //! - [`linalg`]: `MatMul`, `Gemm`, `Conv`, `Reduce*`, `Gather{Elements,ND}`, `Attention`;
 //! - [`quantize`]: `(Dynamic)QuantizeLinear`, `DequantizeLinear`, `MatMulInteger`.
@@ -85,6 +85,7 @@ fn rule_for(op: &str) -> Option<Rule> {
         "Slice" => indexing::slice,
         "Pad" => indexing::pad,
         "Expand" => shape_ops::expand,
+        "Tile" => shape_ops::tile,
         "Flatten" => shape_ops::flatten,
         "Split" => indexing::split,
         "MatMul" => linalg::matmul,
