@@ -11,10 +11,13 @@
 //! - [`quant`]: each projection of a dynamically quantized model (`DynamicQuantizeLinear →
 //!   MatMulInteger → Cast → Mul`, bias `Add`) becomes one `DynamicQuantizeMatMul` node, which
 //!   runs on attnrt's integer kernels.
+//! - [`half`]: a float16/bfloat16 graph's arithmetic runs in float32 (its inputs and outputs
+//!   keep their types), so the float32 kernels apply.
 //! - [`types`]: element types known before run time, which the rewrites need to be exact.
 //!
 //! The execution ops attnrt registers in tract's parser are listed in `registry.rs`.
 
+mod half;
 mod identity;
 mod pad;
 mod pow;
@@ -29,6 +32,8 @@ use attnrt_onnx::proto::{type_proto, GraphProto, ModelProto};
 use prost::Message;
 
 use crate::options::{SessionOptions, Switch};
+
+pub use half::{half_as_float_report, HalfAsFloat};
 
 /// One rewrite of the graph tract reads.
 pub(crate) struct Pass {
@@ -45,7 +50,8 @@ pub(crate) struct Pass {
 
 /// Every rewrite, in the order they run. `remove-identities` matches tract's copy to `model`
 /// node for node, so no pass before it adds or removes nodes; `pow-as-mul` finds its nodes by
-/// output name, which `remove-identities` keeps.
+/// output name, which `remove-identities` keeps. `half-as-float` runs last, so it widens every
+/// half-precision tensor the passes before it made or kept.
 pub(crate) static PASSES: &[Pass] = &[
     Pass {
         name: "forget-declared-shapes",
@@ -71,6 +77,11 @@ pub(crate) static PASSES: &[Pass] = &[
         name: "dynamic-quantize-matmul",
         switch: Switch::AttnrtOps,
         run: quant::dynamic_quantize_matmul,
+    },
+    Pass {
+        name: "half-as-float",
+        switch: Switch::HalfAsFloat,
+        run: half::half_as_float,
     },
 ];
 
