@@ -236,9 +236,15 @@ pub fn dims_line(p: &PreparedInputs) -> String {
         .join(", ")
 }
 
-/// `{"attention": n, "projection": n, "tract": n}`: what a planned graph runs, for `--json`.
+/// `{"attention": n, "projection": n, "tract": n}` (and `"quantized": n`, the int8 projections,
+/// when there are any): what a planned graph runs, for `--json`.
 pub fn ops_json(c: &OpCounts) -> serde_json::Value {
-    serde_json::json!({"attention": c.attention, "projection": c.projection, "tract": c.tract})
+    let mut v =
+        serde_json::json!({"attention": c.attention, "projection": c.projection, "tract": c.tract});
+    if c.quantized > 0 {
+        v["quantized"] = c.quantized.into();
+    }
+    v
 }
 
 /// `"debug"` or `"release"`: how this binary was built (`"build"` in `--json` reports).

@@ -10,6 +10,7 @@ use crate::isa::{Cpu, Isa};
 use crate::norm::NormKernel;
 use crate::panel::PanelKernel;
 use crate::projection::ProjectionKernel;
+use crate::quant::QuantKernel;
 use crate::threads::ThreadPolicy;
 
 /// Up to this many tokens a projection task runs on the AVX-512 panel kernel, past it on the
@@ -28,6 +29,7 @@ pub struct KernelSet {
     flash: FlashKernel,
     decode: DecodeKernel,
     projection: ProjectionKernel,
+    quant: QuantKernel,
     norm: NormKernel,
     act: ActKernel,
     standalone_act: StandaloneAct,
@@ -92,6 +94,9 @@ impl KernelSet {
             flash: FlashKernel::new(isa, true),
             decode: DecodeKernel::new(route, lanes),
             projection,
+            // The integer projections' build (a VNNI build would be chosen here, from a CPU
+            // fact probed in `isa.rs`).
+            quant: QuantKernel::new(isa),
             norm: NormKernel::new(isa),
             act,
             standalone_act: if lowered {
@@ -139,6 +144,11 @@ impl KernelSet {
     /// The projections' kernels.
     pub fn projection(&self) -> &ProjectionKernel {
         &self.projection
+    }
+
+    /// The integer projections of quantized models ([`crate::quant`]).
+    pub fn quant(&self) -> &QuantKernel {
+        &self.quant
     }
 
     /// Layer normalization.

@@ -63,6 +63,7 @@ pub mod norm;
 pub mod panel;
 mod problem;
 pub mod projection;
+pub mod quant;
 pub mod reference;
 #[cfg(test)]
 mod testing;

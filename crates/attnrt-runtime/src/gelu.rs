@@ -11,7 +11,8 @@
 //! ISA instead (`KernelSet::standalone_act`).
 //!
 //! A `Gelu` whose input is a projection's output and nothing else's folds into that projection
-//! ([`ProjectionOp::with_activation`]): its kernel applies the GELU as it stores each value.
+//! ([`ProjectionOp::with_activation`]) or quantized projection
+//! ([`QuantProjectionOp::with_activation`]): its kernel applies the GELU as it stores each value.
 
 use attnrt_kernels::act::{apply_rows, Activation};
 use attnrt_kernels::{KernelSet, StandaloneAct};
@@ -23,6 +24,7 @@ use tract_onnx::tract_core::ops::nn::gelu_approximate::gelu_approximate;
 use tract_onnx::tract_hir::internal::*;
 
 use crate::projection::ProjectionOp;
+use crate::quant_projection::QuantProjectionOp;
 use crate::tensor::f32_data_mut;
 use crate::tract_parser::OnnxParser;
 
@@ -216,8 +218,15 @@ impl TypedOp for GeluOp {
         let Some((producer, reshapes)) = projection_before(model, node.inputs[0])? else {
             return Ok(None);
         };
-        let projection = producer.op_as::<ProjectionOp>();
-        let Some(fused) = projection.and_then(|p| p.with_activation(self.activation())) else {
+        let act = self.activation();
+        let fused: Option<Box<dyn TypedOp>> = if let Some(p) = producer.op_as::<ProjectionOp>() {
+            p.with_activation(act).map(|p| Box::new(p) as _)
+        } else if let Some(q) = producer.op_as::<QuantProjectionOp>() {
+            q.with_activation(act).map(|q| Box::new(q) as _)
+        } else {
+            None
+        };
+        let Some(fused) = fused else {
             return Ok(None);
         };
         let mut patch = TypedModelPatch::default();
@@ -252,7 +261,7 @@ fn projection_before(
         if node.outputs[outlet.slot].successors.len() != 1 || outputs.contains(&outlet) {
             return Ok(None);
         }
-        if node.op_is::<ProjectionOp>() {
+        if node.op_is::<ProjectionOp>() || node.op_is::<QuantProjectionOp>() {
             return Ok(Some((node, reshapes)));
         }
         if !node.op_is::<AxisOp>() || node.inputs.len() != 1 {

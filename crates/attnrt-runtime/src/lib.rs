@@ -11,6 +11,9 @@
 //!   tract's, so every `Attention` node runs on `attnrt_kernels`.
 //! - [`projection`]: `MatMul` by a constant weight (the projections) on attnrt's projection
 //!   kernels.
+//! - [`quant_projection`]: the projections of dynamically quantized models (int8 weights) as
+//!   one op on attnrt's exact integer kernels.
+//! - [`matmul_integer`]: `MatMulInteger` by a constant weight on the same integer kernels.
 //! - [`layer_norm`]: `LayerNormalization` as one op over rows.
 //! - [`gelu`]: `Gelu` split over the session's threads.
 //! - [`gather`]: `Gather` with its indices checked (tract's indexes without a bounds check).
@@ -35,11 +38,13 @@ mod guard;
 mod kernels;
 pub mod layer_norm;
 mod lower;
+pub mod matmul_integer;
 pub mod memory;
 pub mod options;
 pub mod plan;
 pub mod profile;
 pub mod projection;
+pub mod quant_projection;
 mod registry;
 pub mod session;
 pub mod tensor;

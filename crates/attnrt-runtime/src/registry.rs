@@ -13,7 +13,9 @@
 
 use crate::options::{SessionOptions, Switch};
 use crate::tract_parser::OnnxParser;
-use crate::{attention, divide, gather, gelu, layer_norm, projection};
+use crate::{
+    attention, divide, gather, gelu, layer_norm, matmul_integer, projection, quant_projection,
+};
 
 /// What an op counts as in [`OpCounts`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +24,8 @@ pub(crate) enum Counted {
     Attention,
     /// [`OpCounts::projection`].
     Projection,
+    /// [`OpCounts::quantized`].
+    Quantized,
     /// [`OpCounts::tract`]: the other operations.
     Other,
 }
@@ -52,6 +56,21 @@ pub(crate) static OPS: &[RuntimeOp] = &[
         name: projection::OP_NAME,
         parsers: &[&projection::MATMUL, &projection::GEMM],
         counts_as: Counted::Projection,
+        switch: Switch::AttnrtOps,
+    },
+    // The projections of dynamically quantized models: the rewrite `dynamic-quantize-matmul`
+    // (`lower/quant.rs`) writes the op type, which tract has no parser for.
+    RuntimeOp {
+        name: quant_projection::OP_NAME,
+        parsers: &[&quant_projection::PARSER],
+        counts_as: Counted::Quantized,
+        switch: Switch::AttnrtOps,
+    },
+    // `MatMulInteger` by a constant weight outside those chains.
+    RuntimeOp {
+        name: matmul_integer::OP_NAME,
+        parsers: &[&matmul_integer::PARSER],
+        counts_as: Counted::Quantized,
         switch: Switch::AttnrtOps,
     },
     // LayerNorm and Gelu are attnrt's ops, but the reports have counted them with tract's
@@ -131,6 +150,11 @@ pub struct OpCounts {
     pub attention: usize,
     /// Constant-weight projections on attnrt's op (its panel kernel or `gemm`).
     pub projection: usize,
+    /// Integer projections of quantized models on attnrt's integer kernels (a quantized
+    /// projection's whole chain, or a `MatMulInteger` by a constant weight); not serialized
+    /// when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub quantized: usize,
     /// Every other operation (tract's, and attnrt's `LayerNormalization` and `Gelu`).
     pub tract: usize,
 }
@@ -147,11 +171,16 @@ impl OpCounts {
             match counted {
                 Counted::Attention => c.attention += 1,
                 Counted::Projection => c.projection += 1,
+                Counted::Quantized => c.quantized += 1,
                 Counted::Other => c.tract += 1,
             }
         }
         c
     }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl std::fmt::Display for OpCounts {
@@ -165,11 +194,15 @@ impl std::fmt::Display for OpCounts {
         );
         write!(
             f,
-            "{} attention on attnrt's kernel ({isa}), {} projection(s) on {projection}, {} other op(s) on tract",
-            self.attention,
-            self.projection,
-            self.tract
-        )
+            "{} attention on attnrt's kernel ({isa}), {} projection(s) on {projection}",
+            self.attention, self.projection,
+        )?;
+        if self.quantized > 0 {
+            let quant =
+                kernels.map_or_else(|| "no usable kernels".into(), |k| k.quant().to_string());
+            write!(f, ", {} int8 projection(s) on {quant}", self.quantized)?;
+        }
+        write!(f, ", {} other op(s) on tract", self.tract)
     }
 }
 
@@ -226,8 +259,14 @@ mod tests {
                         p.op_type,
                         op.name
                     );
-                    // tract has a parser of its own for each: kept, or left in place.
-                    assert!(tract.op_register.0.contains_key(p.op_type), "{}", p.op_type);
+                    // tract has a parser of its own for each (kept, or left in place), except
+                    // for the op types only attnrt's rewrites write.
+                    let new_op_type = p.op_type == quant_projection::OP_TYPE;
+                    assert!(
+                        new_op_type || tract.op_register.0.contains_key(p.op_type),
+                        "{}",
+                        p.op_type
+                    );
                 }
             }
             // Nothing else is replaced.
@@ -253,9 +292,12 @@ mod tests {
             projection::OP_NAME,
             layer_norm::OP_NAME,
             gelu::OP_NAME,
+            quant_projection::OP_NAME,
+            matmul_integer::OP_NAME,
             "Add",
         ];
         let c = OpCounts::of_ops(names);
-        assert_eq!((c.attention, c.projection, c.tract), (1, 2, 3), "{names:?}");
+        let counts = (c.attention, c.projection, c.quantized, c.tract);
+        assert_eq!(counts, (1, 2, 2, 3), "{names:?}");
     }
 }

@@ -8,6 +8,9 @@
 //! - [`identity`]: nodes that are the identity at inference never reach tract.
 //! - [`pow`]: `Pow` by a constant 2, 3 or 4 runs as multiplications.
 //! - [`pad`]: `Pad`'s `constant_value` is made a scalar, as tract reads it.
+//! - [`quant`]: each projection of a dynamically quantized model (`DynamicQuantizeLinear →
+//!   MatMulInteger → Cast → Mul`, bias `Add`) becomes one `DynamicQuantizeMatMul` node, which
+//!   runs on attnrt's integer kernels.
 //! - [`half`]: a float16/bfloat16 graph's arithmetic runs in float32 (its inputs and outputs
 //!   keep their types), so the float32 kernels apply.
 //! - [`types`]: element types known before run time, which the rewrites need to be exact.
@@ -18,6 +21,7 @@ mod half;
 mod identity;
 mod pad;
 mod pow;
+mod quant;
 mod shapes;
 mod types;
 
@@ -68,6 +72,11 @@ pub(crate) static PASSES: &[Pass] = &[
         name: "scalar-pad-values",
         switch: Switch::Always,
         run: pad::scalar_pad_values,
+    },
+    Pass {
+        name: "dynamic-quantize-matmul",
+        switch: Switch::AttnrtOps,
+        run: quant::dynamic_quantize_matmul,
     },
     Pass {
         name: "half-as-float",

@@ -1,0 +1,125 @@
+//! The AVX2 build: the range and quantization of `DynamicQuantizeLinear` over 8 floats at a
+//! time, and the integer micro-kernel (`MR` rows × `NR` columns, `vpmaddwd` into i32).
+//! Each function gives the portable one's result exactly (the tests compare them).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use super::{MR, NR};
+
+/// [`super::portable::range`] on AVX2.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn range(x: &[f32]) -> (f32, f32) {
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for c in chunks {
+        // SAFETY: `c` holds 8 floats.
+        let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+        // `min(v, lo)` is `v < lo ? v : lo`: a NaN or a −0 keeps `lo`, as the portable fold.
+        lo = _mm256_min_ps(v, lo);
+        hi = _mm256_max_ps(v, hi);
+    }
+    let (mut los, mut his) = ([0f32; 8], [0f32; 8]);
+    // SAFETY: 8 floats each.
+    unsafe {
+        _mm256_storeu_ps(los.as_mut_ptr(), lo);
+        _mm256_storeu_ps(his.as_mut_ptr(), hi);
+    }
+    let (tlo, thi) = super::portable::range(tail);
+    let lo = los.iter().fold(tlo, |a, &v| if v < a { v } else { a });
+    let hi = his.iter().fold(thi, |a, &v| if v > a { v } else { a });
+    (lo, hi)
+}
+
+/// [`super::portable::quantize`] on AVX2.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn quantize(x: &[f32], scale: f32, zero_point: u8, out: &mut [i16]) {
+    let n = x.len().min(out.len());
+    let whole = n / 8 * 8;
+    let s = _mm256_set1_ps(scale);
+    let zp = _mm256_set1_ps(f32::from(zero_point));
+    let (lo, hi) = (_mm256_setzero_ps(), _mm256_set1_ps(255.0));
+    for i in (0..whole).step_by(8) {
+        // SAFETY: `i + 8 <= n`, within both slices.
+        unsafe {
+            let v = _mm256_div_ps(_mm256_loadu_ps(x.as_ptr().add(i)), s);
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            // NaN → 0; ±∞ and values past 2²⁴ saturate below as the integer path does.
+            let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r));
+            let q = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, zp), lo), hi);
+            let c = _mm256_cvtps_epi32(_mm256_sub_ps(q, zp));
+            let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_packs_epi32(c, c));
+            _mm_storeu_si128(
+                out.as_mut_ptr().add(i).cast(),
+                _mm256_castsi256_si128(packed),
+            );
+        }
+    }
+    super::portable::quantize(&x[whole..n], scale, zero_point, &mut out[whole..n]);
+}
+
+/// `acc[r][j] = Σ_p a[r·stride + p] · panel[p][j]` (wrapping i32) for `MR` rows of widened
+/// activations and one packed panel of `k_pairs` row pairs.
+///
+/// # Safety
+/// The CPU must have AVX2; `a` must hold `MR` rows of `2·k_pairs` values `stride` apart, and
+/// `panel` `k_pairs·NR·2` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn tile(
+    a: *const i16,
+    stride: usize,
+    panel: *const i16,
+    k_pairs: usize,
+) -> [[i32; NR]; MR] {
+    let mut acc = [[_mm256_setzero_si256(); 2]; MR];
+    for p in 0..k_pairs {
+        // SAFETY: within the panel and the rows, as the caller vouches.
+        unsafe {
+            let w0 = _mm256_loadu_si256(panel.add(p * 2 * NR).cast());
+            let w1 = _mm256_loadu_si256(panel.add(p * 2 * NR + NR).cast());
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let pair = a.add(r * stride + 2 * p).cast::<i32>().read_unaligned();
+                let pair = _mm256_set1_epi32(pair);
+                acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(pair, w0));
+                acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(pair, w1));
+            }
+        }
+    }
+    let mut out = [[0i32; NR]; MR];
+    for (o, acc) in out.iter_mut().zip(&acc) {
+        // SAFETY: each row of `out` holds 16 i32.
+        unsafe {
+            _mm256_storeu_si256(o.as_mut_ptr().cast(), acc[0]);
+            _mm256_storeu_si256(o.as_mut_ptr().add(8).cast(), acc[1]);
+        }
+    }
+    out
+}
+
+/// Never called: the AVX2 build is chosen only on x86_64.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn range(_: &[f32]) -> (f32, f32) {
+    unreachable!("the AVX2 build runs on x86_64 only")
+}
+
+/// Never called: the AVX2 build is chosen only on x86_64.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn quantize(_: &[f32], _: f32, _: u8, _: &mut [i16]) {
+    unreachable!("the AVX2 build runs on x86_64 only")
+}
+
+/// Never called: the AVX2 build is chosen only on x86_64.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn tile(_: *const i16, _: usize, _: *const i16, _: usize) -> [[i32; NR]; MR] {
+    unreachable!("the AVX2 build runs on x86_64 only")
+}

@@ -1,0 +1,188 @@
+//! The integer product of [`QuantizedRows`] by a [`QuantizedWeight`], split into tasks of up to
+//! [`ROWS`] rows × [`PANELS`] panels, each micro-kernel tile (`MR × NR` i32 sums, exact) stored
+//! through the output's epilogue as it is finished.
+
+use rayon::prelude::*;
+
+use super::{avx2, Build, QuantKernel, QuantizedRows, QuantizedWeight, MR, NR};
+use crate::act::{apply_rows_raw, ActKernel, Activation};
+use crate::threads::ThreadPolicy;
+
+/// Rows per task (a multiple of `MR`).
+const ROWS: usize = 64;
+/// Panels (of `NR` columns) per task.
+const PANELS: usize = 4;
+
+/// Where [`quant_matmul`] stores `y[m×n]` (row-major) and how.
+#[derive(Debug)]
+pub enum QuantOutput<'a> {
+    /// The i32 sums themselves (`MatMulInteger`).
+    Int(&'a mut [i32]),
+    /// `f32(sum) · scale[j]`, then `+ bias[j]`, then `activation` (on the act kernel given):
+    /// the rounding steps of `Cast`, `Mul` and `Add` nodes.
+    Float {
+        /// The output.
+        y: &'a mut [f32],
+        /// Per column, `[n]`: the activations' scale times the weight's.
+        scale: &'a [f32],
+        /// Per column, `[n]`.
+        bias: Option<&'a [f32]>,
+        /// Applied to every value after the bias.
+        activation: Option<(ActKernel, Activation)>,
+    },
+}
+
+/// The output pointer the tasks share; each writes its own block.
+#[derive(Clone, Copy)]
+enum Sink<'a> {
+    Int(*mut i32),
+    Float {
+        y: *mut f32,
+        scale: &'a [f32],
+        bias: Option<&'a [f32]>,
+    },
+}
+// SAFETY: used only inside `quant_matmul`, whose tasks write disjoint blocks of an output
+// borrowed mutably for the whole call.
+unsafe impl Send for Sink<'_> {}
+unsafe impl Sync for Sink<'_> {}
+
+/// `y = a · w` through `out`'s epilogue, on `kernel`, the tasks on the current rayon pool when
+/// `threads` spreads them.
+///
+/// # Panics
+/// If the sizes disagree (`a.k() != w.k()`, an output not `m·n` long, `scale` or `bias` not
+/// `n` long).
+pub fn quant_matmul(
+    kernel: &QuantKernel,
+    threads: &ThreadPolicy,
+    a: &QuantizedRows,
+    w: &QuantizedWeight,
+    out: QuantOutput,
+) {
+    let (m, n) = (a.m(), w.n());
+    assert_eq!(a.k(), w.k(), "activations and weight disagree on k");
+    let (sink, activation) = match out {
+        QuantOutput::Int(y) => {
+            assert_eq!(y.len(), m * n);
+            (Sink::Int(y.as_mut_ptr()), None)
+        }
+        QuantOutput::Float {
+            y,
+            scale,
+            bias,
+            activation,
+        } => {
+            assert!(y.len() == m * n && scale.len() == n);
+            assert!(bias.is_none_or(|b| b.len() == n));
+            let y = y.as_mut_ptr();
+            (Sink::Float { y, scale, bias }, activation)
+        }
+    };
+    let chunks = w.panels().div_ceil(PANELS);
+    let tasks = m.div_ceil(ROWS) * chunks;
+    let task = |t: usize| {
+        let (r0, c0) = ((t / chunks) * ROWS, (t % chunks) * PANELS);
+        let rows = ROWS.min(m - r0);
+        for c in c0..(c0 + PANELS).min(w.panels()) {
+            for r in (r0..r0 + rows).step_by(MR) {
+                let acc = tile(kernel, a, r, w, c);
+                // SAFETY: rows r.., columns c·NR.. of the output belong to this task alone.
+                unsafe { store(sink, &acc, r, MR.min(m - r), c * NR, NR.min(n - c * NR), n) };
+            }
+        }
+        if let (Some((act_kernel, act)), Sink::Float { y, .. }) = (activation, sink) {
+            let cols = (c0 * NR)..((c0 + PANELS) * NR).min(n);
+            // SAFETY: the block this task has just written.
+            unsafe {
+                let block = y.add(r0 * n + cols.start);
+                apply_rows_raw(act_kernel, act, block, n, rows, cols.len());
+            }
+        }
+    };
+    if threads.spreads_tasks(tasks) {
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        (0..tasks).for_each(task);
+    }
+}
+
+/// The `MR × NR` sums of rows `r..r + MR` of `a` by panel `c` of `w`, on `kernel`'s build.
+fn tile(
+    kernel: &QuantKernel,
+    a: &QuantizedRows,
+    r: usize,
+    w: &QuantizedWeight,
+    c: usize,
+) -> [[i32; NR]; MR] {
+    let (stride, k_pairs) = (a.stride(), w.k_pairs());
+    let rows = &a.data()[r * stride..(r + MR) * stride];
+    let panel = w.panel(c);
+    debug_assert_eq!(panel.len(), k_pairs * NR * 2);
+    match kernel.build {
+        // SAFETY: the AVX2 build is chosen only on CPUs with AVX2; `rows` holds MR rows of
+        // `stride = 2·k_pairs` values and `panel` k_pairs·NR·2 (the slices above).
+        Build::Avx2 => unsafe { avx2::tile(rows.as_ptr(), stride, panel.as_ptr(), k_pairs) },
+        Build::Portable => portable_tile(rows, stride, panel, k_pairs),
+    }
+}
+
+/// [`avx2::tile`] in plain Rust: the same pair sums (each exact in i32), the same wrapping adds.
+pub(super) fn portable_tile(
+    a: &[i16],
+    stride: usize,
+    panel: &[i16],
+    k_pairs: usize,
+) -> [[i32; NR]; MR] {
+    let mut acc = [[0i32; NR]; MR];
+    for p in 0..k_pairs {
+        let w = &panel[p * 2 * NR..(p + 1) * 2 * NR];
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let a0 = i32::from(a[r * stride + 2 * p]);
+            let a1 = i32::from(a[r * stride + 2 * p + 1]);
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let pair = a0 * i32::from(w[2 * j]) + a1 * i32::from(w[2 * j + 1]);
+                *acc = acc.wrapping_add(pair);
+            }
+        }
+    }
+    acc
+}
+
+/// Stores `rows × cols` of `acc` at row `r`, column `col` of the `[m, n]` output.
+///
+/// # Safety
+/// The block must lie inside the output and be written by nothing else meanwhile.
+unsafe fn store(
+    sink: Sink,
+    acc: &[[i32; NR]; MR],
+    r: usize,
+    rows: usize,
+    col: usize,
+    cols: usize,
+    n: usize,
+) {
+    for (i, acc) in acc.iter().enumerate().take(rows) {
+        let at = (r + i) * n + col;
+        match sink {
+            Sink::Int(y) => {
+                // SAFETY: inside the output, as the caller vouches.
+                let y = unsafe { std::slice::from_raw_parts_mut(y.add(at), cols) };
+                y.copy_from_slice(&acc[..cols]);
+            }
+            Sink::Float { y, scale, bias } => {
+                // SAFETY: as above.
+                let y = unsafe { std::slice::from_raw_parts_mut(y.add(at), cols) };
+                let scale = &scale[col..col + cols];
+                for ((y, &s), &v) in y.iter_mut().zip(scale).zip(acc) {
+                    *y = v as f32 * s;
+                }
+                if let Some(b) = bias {
+                    for (y, &b) in y.iter_mut().zip(&b[col..col + cols]) {
+                        *y += b;
+                    }
+                }
+            }
+        }
+    }
+}

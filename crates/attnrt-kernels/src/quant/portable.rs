@@ -1,0 +1,35 @@
+//! The portable build of `DynamicQuantizeLinear`'s steps (the AVX2 build's reference, and its
+//! tails): the range, the scale and zero point, the quantization of a row.
+
+/// `(min(0, min x), max(0, max x))`, NaNs ignored: a value replaces the minimum only when it is
+/// below it (so −0 never does), as tract-onnx folds it.
+pub(crate) fn range(x: &[f32]) -> (f32, f32) {
+    x.iter().fold((0.0, 0.0), |(lo, hi), &v| {
+        if v < lo {
+            (v, hi)
+        } else if v > hi {
+            (lo, v)
+        } else {
+            (lo, hi)
+        }
+    })
+}
+
+/// The scale and zero point of `DynamicQuantizeLinear` for the range `[min, max]` (which holds
+/// 0): in f32, as ONNX and tract-onnx compute them (a NaN zero point, from a zero range, is 0).
+pub(crate) fn scale_and_zero_point(min: f32, max: f32) -> (f32, u8) {
+    let scale = (max - min) / 255.0;
+    let zero_point = (-min / scale).round_ties_even().max(0.0).min(255.0);
+    (scale, zero_point as u8)
+}
+
+/// One row of `DynamicQuantizeLinear`, each value minus the zero point: `out[p] =
+/// saturate(round(x[p] / scale) + zp) − zp`.
+pub(crate) fn quantize(x: &[f32], scale: f32, zero_point: u8, out: &mut [i16]) {
+    let zp = i32::from(zero_point);
+    for (o, &v) in out.iter_mut().zip(x) {
+        // `as` saturates, and a NaN becomes 0.
+        let q = ((v / scale).round_ties_even() as i32).saturating_add(zp);
+        *o = (q.clamp(0, 255) - zp) as i16;
+    }
+}

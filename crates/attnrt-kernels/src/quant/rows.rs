@@ -1,0 +1,152 @@
+//! The activations of an integer projection, quantized and widened: each value minus the zero
+//! point, as i16, row by row (rows padded to an even length and to a multiple of [`MR`] rows
+//! with zeros). Made by ONNX's `DynamicQuantizeLinear` ([`QuantizedRows::quantize_dynamic`]),
+//! or from activations already quantized ([`QuantizedRows::from_u8`]).
+
+use rayon::prelude::*;
+
+use super::portable::{quantize, range, scale_and_zero_point};
+use super::{avx2, Build, QuantKernel, MR};
+use crate::threads::ThreadPolicy;
+
+/// `m` rows of `k` quantized activations minus their zero point (see the module docs), with the
+/// scale and zero point they were quantized with.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QuantizedRows {
+    m: usize,
+    k: usize,
+    data: Vec<i16>,
+    scale: f32,
+    zero_point: i32,
+}
+
+impl QuantizedRows {
+    /// ONNX `DynamicQuantizeLinear` of `x: [m, k]` (row-major), to uint8:
+    /// `scale = (max(0, max x) − min(0, min x)) / 255`,
+    /// `zero_point = saturate(round(−min(0, min x) / scale))`,
+    /// `q = saturate(round(x / scale) + zero_point)`, rounding half to even, NaNs ignored by
+    /// the range and quantized as 0 + `zero_point`; a zero range gives scale 0, zero point 0
+    /// and zeros (what tract-onnx's op computes, bit for bit).
+    ///
+    /// # Panics
+    /// If `x` is not `m·k` long.
+    pub fn quantize_dynamic(
+        kernel: &QuantKernel,
+        threads: &ThreadPolicy,
+        x: &[f32],
+        m: usize,
+        k: usize,
+    ) -> QuantizedRows {
+        assert_eq!(x.len(), m * k, "x is not {m}×{k}");
+        let (min, max) = match kernel.build {
+            // SAFETY: the AVX2 build is chosen only on CPUs with AVX2.
+            Build::Avx2 => unsafe { avx2::range(x) },
+            Build::Portable => range(x),
+        };
+        let (scale, zero_point) = scale_and_zero_point(min, max);
+        let mut rows = QuantizedRows::zeros(m, k, scale, i32::from(zero_point));
+        let stride = rows.stride();
+        if stride == 0 {
+            return rows;
+        }
+        let quantize_rows = |(chunk, out): (usize, &mut [i16])| {
+            for (r, out) in out.chunks_exact_mut(stride).enumerate() {
+                let i = chunk + r;
+                if i < m {
+                    let xs = &x[i * k..(i + 1) * k];
+                    match kernel.build {
+                        // SAFETY: as above.
+                        Build::Avx2 => unsafe { avx2::quantize(xs, scale, zero_point, out) },
+                        Build::Portable => quantize(xs, scale, zero_point, out),
+                    }
+                }
+            }
+        };
+        if threads.spreads_values(m * k) {
+            let per_task = threads.rows_per_task(m).next_multiple_of(MR);
+            rows.data
+                .par_chunks_mut(per_task * stride)
+                .enumerate()
+                .map(|(t, c)| (t * per_task, c))
+                .for_each(quantize_rows);
+        } else {
+            quantize_rows((0, &mut rows.data));
+        }
+        rows
+    }
+
+    /// Activations already quantized to uint8, `a: [m, k]`, with zero point `zero_point`; the
+    /// scale is 1.
+    ///
+    /// # Panics
+    /// If `a` is not `m·k` long.
+    pub fn from_u8(a: &[u8], m: usize, k: usize, zero_point: u8) -> QuantizedRows {
+        Self::widen(m, k, i32::from(zero_point), |i| i32::from(a[i]))
+    }
+
+    /// [`QuantizedRows::from_u8`] for int8 activations.
+    ///
+    /// # Panics
+    /// If `a` is not `m·k` long.
+    pub fn from_i8(a: &[i8], m: usize, k: usize, zero_point: i8) -> QuantizedRows {
+        Self::widen(m, k, i32::from(zero_point), |i| i32::from(a[i]))
+    }
+
+    fn widen(m: usize, k: usize, zero_point: i32, a: impl Fn(usize) -> i32) -> QuantizedRows {
+        let mut rows = QuantizedRows::zeros(m, k, 1.0, zero_point);
+        let stride = rows.stride();
+        for i in 0..m {
+            for p in 0..k {
+                // Both in [−128, 255]: the difference fits i16.
+                rows.data[i * stride + p] = (a(i * k + p) - zero_point) as i16;
+            }
+        }
+        rows
+    }
+
+    fn zeros(m: usize, k: usize, scale: f32, zero_point: i32) -> QuantizedRows {
+        let stride = 2 * k.div_ceil(2);
+        QuantizedRows {
+            m,
+            k,
+            data: vec![0; m.next_multiple_of(MR) * stride],
+            scale,
+            zero_point,
+        }
+    }
+
+    /// Rows.
+    pub fn m(&self) -> usize {
+        self.m
+    }
+
+    /// Values per row.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The scale the rows were quantized with.
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// The zero point the rows were quantized with.
+    pub fn zero_point(&self) -> i32 {
+        self.zero_point
+    }
+
+    /// Values from one row to the next in [`QuantizedRows::data`] (`k` rounded up to even).
+    pub(crate) fn stride(&self) -> usize {
+        2 * self.k.div_ceil(2)
+    }
+
+    /// The widened values, `⌈m / MR⌉·MR` rows of [`QuantizedRows::stride`].
+    pub(crate) fn data(&self) -> &[i16] {
+        &self.data
+    }
+
+    /// The quantized value of row `i`, column `p`, minus the zero point.
+    pub fn centered(&self, i: usize, p: usize) -> i32 {
+        i32::from(self.data[i * self.stride() + p])
+    }
+}

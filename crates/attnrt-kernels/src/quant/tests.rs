@@ -1,0 +1,200 @@
+//! Every build against plain references: exact equality of the i32 sums, of the quantized
+//! activations, and of the float epilogue (the same roundings in the same order).
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::act::{ActKernel, Activation};
+use crate::testing::pool;
+use crate::threads::ThreadPolicy;
+
+fn kernels() -> Vec<QuantKernel> {
+    Isa::available().into_iter().map(QuantKernel::new).collect()
+}
+
+/// `Σ_p (a[i,p] − za)·(w[p,j] − zw[j])` in i64 (no overflow at these sizes).
+fn reference(a: &[u8], za: u8, w: &[i8], zw: &[i8], m: usize, k: usize, n: usize) -> Vec<i64> {
+    let mut y = vec![0i64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let z = i64::from(zw[if zw.len() == n { j } else { 0 }]);
+            y[i * n + j] = (0..k)
+                .map(|p| (i64::from(a[i * k + p]) - i64::from(za)) * (i64::from(w[p * n + j]) - z))
+                .sum();
+        }
+    }
+    y
+}
+
+/// ONNX's `DynamicQuantizeLinear`, written from the spec: the values (not minus the zero
+/// point), the scale and the zero point.
+fn dql_reference(x: &[f32]) -> (Vec<u8>, f32, u8) {
+    let finite = x.iter().copied().filter(|v| !v.is_nan());
+    let min = finite.clone().fold(0f32, f32::min);
+    let max = finite.fold(0f32, f32::max);
+    let scale = (max - min) / 255.0;
+    let zp = (-min / scale).round_ties_even();
+    let zp = if zp.is_nan() {
+        0
+    } else {
+        zp.clamp(0.0, 255.0) as u8
+    };
+    let q = x
+        .iter()
+        .map(|&v| {
+            let r = (v / scale).round_ties_even();
+            let r = if r.is_nan() { 0.0 } else { r };
+            (f64::from(r) + f64::from(zp)).clamp(0.0, 255.0) as u8
+        })
+        .collect();
+    (q, scale, zp)
+}
+
+fn matmul_case() -> impl Strategy<Value = (usize, usize, usize, Vec<u8>, u8, Vec<i8>, Vec<i8>)> {
+    (1usize..23, 0usize..70, 1usize..41, any::<bool>()).prop_flat_map(|(m, k, n, per_col)| {
+        (
+            Just(m),
+            Just(k),
+            Just(n),
+            proptest::collection::vec(any::<u8>(), m * k),
+            any::<u8>(),
+            proptest::collection::vec(any::<i8>(), k * n),
+            proptest::collection::vec(any::<i8>(), if per_col { n } else { 1 }),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn the_integer_sums_are_exact_on_every_build((m, k, n, a, za, w, zw) in matmul_case()) {
+        let want = reference(&a, za, &w, &zw, m, k, n);
+        let rows = QuantizedRows::from_u8(&a, m, k, za);
+        let packed = QuantizedWeight::from_i8(&w, k, n, &zw);
+        for kernel in kernels() {
+            let mut y = vec![i32::MIN; m * n];
+            quant_matmul(&kernel, &ThreadPolicy::default(), &rows, &packed, QuantOutput::Int(&mut y));
+            let got: Vec<i64> = y.iter().map(|&v| i64::from(v)).collect();
+            prop_assert_eq!(&got, &want, "{}", kernel);
+        }
+    }
+
+    #[test]
+    fn dynamic_quantization_is_onnx_s_on_every_build(
+        (m, k, x) in (1usize..9, 0usize..70).prop_flat_map(|(m, k)| {
+            (Just(m), Just(k), proptest::collection::vec(-1e3f32..1e3, m * k))
+        }),
+        ties in any::<bool>(),
+    ) {
+        // Multiples of 0.5 in (−127.5, 127.5): with a range of 255 the scale is exactly 1 and
+        // the halves are ties.
+        let x: Vec<f32> = if ties {
+            x.iter().map(|v| (v / 8.0).round() / 2.0 % 127.5).collect()
+        } else {
+            x
+        };
+        let (q, scale, zp) = dql_reference(&x);
+        for kernel in kernels() {
+            let threads = ThreadPolicy::default();
+            let rows = QuantizedRows::quantize_dynamic(&kernel, &threads, &x, m, k);
+            prop_assert_eq!(rows.scale().to_bits(), scale.to_bits());
+            prop_assert_eq!(rows.zero_point(), i32::from(zp));
+            for (i, &q) in q.iter().enumerate() {
+                let got = rows.centered(i / k, i % k) + i32::from(zp);
+                prop_assert_eq!(got, i32::from(q), "{} x[{}] = {}", kernel, i, x[i]);
+            }
+        }
+    }
+}
+
+#[test]
+fn dynamic_quantization_handles_zeros_nans_and_infinities_as_the_portable_path() {
+    let cases: [&[f32]; 5] = [
+        &[0.0; 19],
+        &[-0.0, 0.0, -0.0, 1.0, -2.0, 0.5, 0.25, 3.0, 4.0, 5.0],
+        &[
+            f32::NAN,
+            1.0,
+            -1.0,
+            2.0,
+            f32::NAN,
+            0.0,
+            0.0,
+            7.0,
+            -3.0,
+            1.5,
+            f32::NAN,
+        ],
+        &[f32::INFINITY, 1.0, -1.0, 2.0, 0.0, 0.0, 0.0, 7.0, -3.0, 1.5],
+        &[1e-44, 2e-45, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+    ];
+    let portable = QuantKernel::new(Isa::Scalar);
+    for x in cases {
+        let want =
+            QuantizedRows::quantize_dynamic(&portable, &ThreadPolicy::default(), x, 1, x.len());
+        for kernel in kernels() {
+            let got =
+                QuantizedRows::quantize_dynamic(&kernel, &ThreadPolicy::default(), x, 1, x.len());
+            assert_eq!(
+                got.scale().to_bits(),
+                want.scale().to_bits(),
+                "{kernel} {x:?}"
+            );
+            assert_eq!(got, want, "{kernel} {x:?}");
+        }
+    }
+    let zeros =
+        QuantizedRows::quantize_dynamic(&portable, &ThreadPolicy::default(), cases[0], 1, 19);
+    assert_eq!((zeros.scale(), zeros.zero_point()), (0.0, 0));
+    assert!((0..19).all(|p| zeros.centered(0, p) == 0));
+}
+
+#[test]
+fn the_float_epilogue_rounds_as_cast_mul_add_and_threads_change_nothing() {
+    // m·k past `ThreadPolicy`'s serial limit, so the quantization is split too.
+    let (m, k, n) = (330, 101, 70);
+    let x: Vec<f32> = crate::testing::ramp(m * k, 0.3);
+    let w: Vec<u8> = (0..k * n).map(|i| (i * 37 % 251) as u8).collect();
+    let zw: Vec<u8> = (0..n).map(|j| (j * 13 % 200) as u8).collect();
+    let packed = QuantizedWeight::from_u8(&w, k, n, &zw);
+    let w_scale: Vec<f32> = (0..n).map(|j| 0.001 * (j as f32 + 1.0)).collect();
+    let bias: Vec<f32> = crate::testing::ramp(n, 1.7);
+    let threads = ThreadPolicy::default();
+    for kernel in kernels() {
+        let rows = QuantizedRows::quantize_dynamic(&kernel, &threads, &x, m, k);
+        let split =
+            pool(2).install(|| QuantizedRows::quantize_dynamic(&kernel, &threads, &x, m, k));
+        assert_eq!(rows, split, "{kernel}");
+        let scale: Vec<f32> = w_scale.iter().map(|s| rows.scale() * s).collect();
+        let mut sums = vec![0i32; m * n];
+        quant_matmul(
+            &kernel,
+            &threads,
+            &rows,
+            &packed,
+            QuantOutput::Int(&mut sums),
+        );
+        for act in [None, Some(Activation::GeluErf)] {
+            let mut y = vec![f32::NAN; m * n];
+            let activation = act.map(|a| (ActKernel::new(Isa::Scalar), a));
+            let out = QuantOutput::Float {
+                y: &mut y,
+                scale: &scale,
+                bias: Some(&bias),
+                activation,
+            };
+            pool(2).install(|| quant_matmul(&kernel, &threads, &rows, &packed, out));
+            for (i, (&y, &s)) in y.iter().zip(&sums).enumerate() {
+                let j = i % n;
+                let mut want = s as f32 * scale[j] + bias[j];
+                if let Some(act) = act {
+                    let mut v = [want];
+                    crate::act::apply_rows(ActKernel::new(Isa::Scalar), act, &mut v, 1, 1, 1);
+                    want = v[0];
+                }
+                assert_eq!(y.to_bits(), want.to_bits(), "{kernel} {act:?} y[{i}]");
+            }
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! The projections of dynamically quantized models (ONNX Runtime's `quantize_dynamic`, QOperator
+//! form) become one node each: the chain
+//!
+//! ```text
+//! x_q, x_scale, x_zp = DynamicQuantizeLinear(x)
+//! s   = Mul(x_scale, w_scale)                      w_scale: [], [1] or [N] f32 constant
+//! y   = Mul(Cast<float>(MatMulInteger(x_q, W, x_zp[, w_zp])), s)
+//! [y  = Add(y, bias)]                              bias: [N] f32 constant
+//! ```
+//!
+//! with `W: [K, N]` an int8 or uint8 constant and `w_zp` absent or a constant of its type
+//! (`[]`, `[1]` or `[N]`), is replaced by `y = DynamicQuantizeMatMul(x, W, w_scale, w_zp, bias)`
+//! (ONNX Runtime's contrib op, whose definition is the chain's), which the op registry runs on
+//! attnrt's integer kernels (`quant_projection.rs`; its docs say why the numbers are the
+//! graph's own). The `DynamicQuantizeLinear` stays while anything else reads it.
+//!
+//! Rewritten only when every intermediate (`x_q`, `x_zp`, the integer product, its cast, `s`)
+//! feeds this chain alone (`x_q`/`x_zp`/`x_scale` may feed other chains: Q, K and V share one
+//! quantization), none is a graph output, and the constants are initializers that are not graph
+//! inputs (a caller could override those). Graphs with subgraphs are left alone (a body may read
+//! any outer name).
+
+use std::collections::{HashMap, HashSet};
+
+use attnrt_onnx::opset;
+use attnrt_onnx::proto::ModelProto;
+use tract_onnx::pb::{GraphProto, NodeProto, TensorProto};
+
+use crate::quant_projection::OP_TYPE;
+
+/// ONNX's element types the chain needs (`TensorProto.DataType`).
+const FLOAT: i32 = 1;
+const UINT8: i32 = 2;
+const INT8: i32 = 3;
+
+/// The graph's wiring: who produces and who reads each tensor.
+struct Wiring<'a> {
+    producer: HashMap<&'a str, usize>,
+    readers: HashMap<&'a str, Vec<usize>>,
+    outputs: HashSet<&'a str>,
+    constants: HashMap<&'a str, &'a TensorProto>,
+}
+
+impl<'a> Wiring<'a> {
+    fn new(g: &'a GraphProto) -> Wiring<'a> {
+        let mut w = Wiring {
+            producer: HashMap::new(),
+            readers: HashMap::new(),
+            outputs: g.output.iter().map(|o| o.name.as_str()).collect(),
+            constants: HashMap::new(),
+        };
+        let inputs: HashSet<&str> = g.input.iter().map(|i| i.name.as_str()).collect();
+        for t in g
+            .initializer
+            .iter()
+            .filter(|t| !inputs.contains(t.name.as_str()))
+        {
+            w.constants.insert(t.name.as_str(), t);
+        }
+        for (i, n) in g.node.iter().enumerate() {
+            for o in n.output.iter().filter(|o| !o.is_empty()) {
+                w.producer.insert(o.as_str(), i);
+            }
+            for r in n.input.iter().filter(|r| !r.is_empty()) {
+                w.readers.entry(r.as_str()).or_default().push(i);
+            }
+        }
+        w
+    }
+
+    /// The one node reading `tensor`, when exactly one does and it is not a graph output.
+    fn only_reader(&self, tensor: &str) -> Option<usize> {
+        match self.readers.get(tensor).map(Vec::as_slice) {
+            Some(&[r]) if !self.outputs.contains(tensor) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The constant `tensor` when its type is `elem_type` and its shape `[]`, `[1]` or `[n]`.
+    fn per_column(&self, tensor: &str, elem_type: i32, n: i64) -> Option<&'a TensorProto> {
+        let t = self.constants.get(tensor)?;
+        let shape_ok = matches!(t.dims.as_slice(), [] | [1]) || t.dims == [n];
+        (t.data_type == elem_type && shape_ok).then_some(*t)
+    }
+}
+
+/// One chain to replace.
+struct Chain {
+    /// Nodes that go (by index); the new node takes the place of the last.
+    removed: Vec<usize>,
+    /// The `DynamicQuantizeLinear` reading `x`.
+    quantize: usize,
+    node: NodeProto,
+}
+
+/// The node of `g` at `at` when it is a default-domain `op_type`.
+fn op<'g>(g: &'g GraphProto, at: usize, op_type: &str) -> Option<&'g NodeProto> {
+    let n = &g.node[at];
+    (n.op_type == op_type && opset::is_default_domain(&n.domain)).then_some(n)
+}
+
+/// The other input of the binary node `n`, besides `tensor`.
+fn other_input<'n>(n: &'n NodeProto, tensor: &str) -> Option<&'n str> {
+    match n.input.as_slice() {
+        [a, b] if a == tensor && b != tensor => Some(b),
+        [a, b] if b == tensor && a != tensor => Some(a),
+        _ => None,
+    }
+}
+
+/// The chain (see the module docs) whose `MatMulInteger` is node `at`.
+fn chain(g: &GraphProto, w: &Wiring, at: usize) -> Option<Chain> {
+    let mmi = op(g, at, "MatMulInteger")?;
+    let (x_q, weight, x_zp) = (mmi.input.first()?, mmi.input.get(1)?, mmi.input.get(2)?);
+    let w_zp = mmi.input.get(3).filter(|z| !z.is_empty());
+    let quantize = *w.producer.get(x_q.as_str())?;
+    let dql = op(g, quantize, "DynamicQuantizeLinear")?;
+    if dql.output.len() != 3 || dql.output[0] != *x_q || dql.output[2] != *x_zp {
+        return None;
+    }
+    let wt = w.constants.get(weight.as_str())?;
+    let &[_, n] = wt.dims.as_slice() else {
+        return None;
+    };
+    if ![INT8, UINT8].contains(&wt.data_type) || mmi.input.len() > 4 {
+        return None;
+    }
+    if w_zp.is_some_and(|z| w.per_column(z, wt.data_type, n).is_none()) {
+        return None;
+    }
+    let cast_at = w.only_reader(mmi.output.first()?)?;
+    let cast = op(g, cast_at, "Cast")?;
+    let to = cast.attribute.iter().find(|a| a.name == "to")?;
+    if to.i != i64::from(FLOAT) {
+        return None;
+    }
+    let mul_at = w.only_reader(cast.output.first()?)?;
+    let mul = op(g, mul_at, "Mul")?;
+    let scales = other_input(mul, &cast.output[0])?;
+    let scales_at = *w.producer.get(scales)?;
+    let scales_mul = op(g, scales_at, "Mul")?;
+    let w_scale = other_input(scales_mul, &dql.output[1])?;
+    w.per_column(w_scale, FLOAT, n)?;
+    if w.outputs.contains(scales)
+        || w.outputs.contains(x_q.as_str())
+        || w.outputs.contains(x_zp.as_str())
+    {
+        return None;
+    }
+    let mut removed = vec![at, cast_at, mul_at];
+    if w.only_reader(scales) == Some(mul_at) {
+        removed.push(scales_at);
+    }
+    let mut y = mul.output.first()?.clone();
+    let mut bias = String::new();
+    if let Some(add_at) = w.only_reader(&y) {
+        let add = op(g, add_at, "Add");
+        let b = add.and_then(|add| other_input(add, &y));
+        if let Some(b) = b.filter(|b| {
+            w.constants
+                .get(b)
+                .is_some_and(|t| t.data_type == FLOAT && t.dims == [n])
+        }) {
+            bias = b.to_string();
+            y = g.node[add_at].output.first()?.clone();
+            removed.push(add_at);
+        }
+    }
+    let node = NodeProto {
+        name: mmi.name.clone(),
+        op_type: OP_TYPE.into(),
+        domain: "com.microsoft".into(),
+        input: vec![
+            dql.input.first()?.clone(),
+            weight.clone(),
+            w_scale.to_string(),
+            w_zp.cloned().unwrap_or_default(),
+            bias,
+        ],
+        output: vec![y],
+        ..Default::default()
+    };
+    Some(Chain {
+        removed,
+        quantize,
+        node,
+    })
+}
+
+/// The pass: every chain of `g` (tract's copy of `model`'s graph) becomes one node.
+pub(super) fn dynamic_quantize_matmul(_model: &ModelProto, g: &mut GraphProto) {
+    let has_subgraph = g.node.iter().any(|n| {
+        n.attribute
+            .iter()
+            .any(|a| a.g.is_some() || !a.graphs.is_empty())
+    });
+    if has_subgraph || !g.node.iter().any(|n| n.op_type == "MatMulInteger") {
+        return;
+    }
+    let (removed, mut placed) = plan(g);
+    if placed.is_empty() {
+        return;
+    }
+    let nodes = std::mem::take(&mut g.node);
+    for (i, n) in nodes.into_iter().enumerate() {
+        match placed.remove(&i) {
+            Some(fused) => g.node.push(fused),
+            None if !removed[i] => g.node.push(n),
+            None => {}
+        }
+    }
+}
+
+/// Which nodes of `g` go, and the new node put in place of each chain's last one.
+fn plan(g: &GraphProto) -> (Vec<bool>, HashMap<usize, NodeProto>) {
+    let w = Wiring::new(g);
+    let chains: Vec<Chain> = (0..g.node.len())
+        .filter_map(|at| chain(g, &w, at))
+        .collect();
+    let mut removed = vec![false; g.node.len()];
+    let mut placed = HashMap::new();
+    let mut quantizers = HashSet::new();
+    for c in chains {
+        for &r in &c.removed {
+            removed[r] = true;
+        }
+        let last = *c.removed.iter().max().expect("a chain removes nodes");
+        placed.insert(last, c.node);
+        quantizers.insert(c.quantize);
+    }
+    // A quantization goes when no node that stays reads it (the new nodes read `x`).
+    for q in quantizers {
+        let still_read = g.node[q].output.iter().any(|o| {
+            w.outputs.contains(o.as_str())
+                || w.readers
+                    .get(o.as_str())
+                    .is_some_and(|rs| rs.iter().any(|&r| !removed[r]))
+        });
+        removed[q] = !still_read;
+    }
+    (removed, placed)
+}

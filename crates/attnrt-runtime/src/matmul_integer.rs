@@ -1,0 +1,205 @@
+//! `MatMulInteger` by a constant weight, outside the dynamic-quantization chain that
+//! `quant_projection.rs` runs whole (a graph that keeps the i32 product, or quantizes its
+//! activations another way): the exact integer product of `attnrt_kernels::quant` in place of
+//! tract's generic one, with the weight packed once.
+//!
+//! Wired as [`MatMulIntegerOp`] when `B` is a constant `[K, N]` int8/uint8, `b_zero_point` is
+//! absent or a constant `[]`, `[1]` or `[N]` of its type, `A` is int8/uint8 of rank ≥ 2 with last
+//! extent `K`, and `a_zero_point` is absent or a scalar (`[]` or `[1]`; it may be computed, as
+//! `DynamicQuantizeLinear` computes it). Everything else (batched or computed weights, a zero
+//! point per row of `A`) is tract's expansion. The result is the same i32 sums either way
+//! (wrapping on overflow as the graph's i32 arithmetic does).
+
+use attnrt_kernels::quant::{quant_matmul, QuantOutput, QuantizedRows, QuantizedWeight};
+use attnrt_kernels::KernelSet;
+use tract_onnx::model::{optional_inputs, ParsingContext};
+use tract_onnx::pb::NodeProto;
+use tract_onnx::prelude::*;
+use tract_onnx::tract_hir::internal::*;
+
+use crate::quant_projection::{output_fact_shape, pack_weight, rows_and_output};
+use crate::tract_parser::OnnxParser;
+
+/// The name under which [`MatMulIntegerOp`] appears in a planned graph.
+pub const OP_NAME: &str = "AttnrtMatMulInteger";
+
+/// attnrt's `MatMulInteger` parser, wrapping tract's (registered by the op registry).
+pub(crate) static PARSER: OnnxParser = OnnxParser::new("MatMulInteger", parse);
+
+fn parse(
+    ctx: &ParsingContext,
+    node: &NodeProto,
+) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
+    let (op, extra, expansion) = PARSER.parse_as_tract(ctx, node)?;
+    let Some(tract) = expansion else {
+        return Ok((op, extra));
+    };
+    let mut zero_points = optional_inputs(node).skip(2);
+    let parsed = ConstantWeight {
+        node: node.name.clone(),
+        a_zero_point: zero_points.next().flatten(),
+        b_zero_point: zero_points.next().flatten(),
+        tract,
+    };
+    Ok((expand(parsed), extra))
+}
+
+/// The parsed node: tract's shape rules; wiring picks [`MatMulIntegerOp`] when it can.
+#[derive(Debug, Clone)]
+struct ConstantWeight {
+    node: String,
+    a_zero_point: Option<usize>,
+    b_zero_point: Option<usize>,
+    tract: Box<dyn Expansion>,
+}
+
+impl Expansion for ConstantWeight {
+    fn name(&self) -> StaticName {
+        "AttnrtMatMulIntegerParse".into()
+    }
+
+    fn rules<'r, 'p: 'r, 's: 'r>(
+        &'s self,
+        s: &mut Solver<'r>,
+        inputs: &'p [TensorProxy],
+        outputs: &'p [TensorProxy],
+    ) -> InferenceResult {
+        Expansion::rules(&*self.tract, s, inputs, outputs)
+    }
+
+    fn wire(
+        &self,
+        prefix: &str,
+        model: &mut TypedModel,
+        inputs: &[OutletId],
+    ) -> TractResult<TVec<OutletId>> {
+        match self.native(model, inputs)? {
+            Some(op) => {
+                let mut wired = vec![inputs[0]];
+                wired.extend(self.a_zero_point.map(|z| inputs[z]));
+                model.wire_node(prefix, op, &wired)
+            }
+            None => Expansion::wire(&*self.tract, prefix, model, inputs),
+        }
+    }
+}
+
+impl ConstantWeight {
+    /// The op for these inputs, or `None` (tract's expansion; see the module docs).
+    fn native(
+        &self,
+        model: &TypedModel,
+        inputs: &[OutletId],
+    ) -> TractResult<Option<MatMulIntegerOp>> {
+        let (a, b) = (model.outlet_fact(inputs[0])?, model.outlet_fact(inputs[1])?);
+        let Some(w) = b.konst.as_ref() else {
+            return Ok(None);
+        };
+        let quantized = [DatumType::I8, DatumType::U8];
+        let &[k, n] = w.shape() else { return Ok(None) };
+        let k_of_a = a.shape.last().and_then(|d| d.to_usize().ok());
+        if !quantized.contains(&a.datum_type) || a.rank() < 2 || k_of_a != Some(k) {
+            return Ok(None);
+        }
+        if let Some(z) = self.a_zero_point {
+            let scalar = model.outlet_fact(inputs[z])?.shape.volume().to_usize().ok() == Some(1);
+            if !scalar || model.outlet_fact(inputs[z])?.rank() > 1 {
+                return Ok(None);
+            }
+        }
+        let zero_point = match self.b_zero_point {
+            Some(z) => match model.outlet_fact(inputs[z])?.konst.clone() {
+                Some(t) if matches!(t.shape(), [] | [1]) || t.shape() == [n] => Some(t),
+                _ => return Ok(None),
+            },
+            None => None,
+        };
+        if !quantized.contains(&w.datum_type()) {
+            return Ok(None);
+        }
+        let weight = pack_weight(w, zero_point.as_deref(), k, n)
+            .with_context(|| format!("MatMulInteger node '{}'", self.node))?;
+        Ok(Some(MatMulIntegerOp {
+            node: self.node.clone(),
+            weight: Arc::new(weight),
+            kernels: crate::kernels::for_op()?,
+        }))
+    }
+}
+
+/// `y = (a − a_zero_point) · W` in i32 for `a: [..., K]` int8/uint8 (input 0), an optional
+/// scalar zero point (input 1), and a constant packed weight `[K, N]` minus its zero points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MatMulIntegerOp {
+    /// ONNX node name, for errors.
+    pub node: String,
+    /// The weight minus its zero points, packed (the op's only copy of it).
+    pub weight: Arc<QuantizedWeight>,
+    /// The session's kernels.
+    pub kernels: KernelSet,
+}
+
+impl Op for MatMulIntegerOp {
+    fn name(&self) -> StaticName {
+        OP_NAME.into()
+    }
+
+    fn info(&self) -> TractResult<Vec<String>> {
+        let (k, n) = (self.weight.k(), self.weight.n());
+        Ok(vec![format!(
+            "node {}: x[..,{k}] · W[{k}, {n}] in i32 on {}",
+            self.node,
+            self.kernels.quant()
+        )])
+    }
+
+    op_as_typed_op!();
+}
+
+impl EvalOp for MatMulIntegerOp {
+    op_out_of_plan!();
+
+    fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        let ctx = || format!("MatMulInteger node '{}'", self.node);
+        let a = &inputs[0];
+        let k = self.weight.k();
+        let (m, out_shape) = rows_and_output(a.shape(), &self.weight).with_context(ctx)?;
+        let zero_point = |t: Option<&TValue>| -> TractResult<i32> {
+            Ok(match t {
+                Some(z) => z.cast_to_scalar::<i32>().with_context(ctx)?,
+                None => 0,
+            })
+        };
+        let za = zero_point(inputs.get(1))?;
+        let a_ram = a.try_as_plain_ram().with_context(ctx)?;
+        let rows = match a.datum_type() {
+            DatumType::U8 => QuantizedRows::from_u8(a_ram.as_slice::<u8>()?, m, k, za as u8),
+            DatumType::I8 => QuantizedRows::from_i8(a_ram.as_slice::<i8>()?, m, k, za as i8),
+            dt => bail!("{}: A is {dt:?}, needs int8 or uint8", ctx()),
+        };
+        let mut y = Tensor::zero::<i32>(&out_shape)?;
+        let mut view = y.to_plain_array_view_mut::<i32>()?;
+        let ys = view
+            .as_slice_mut()
+            .context("a fresh tensor is contiguous")?;
+        let kernels = &self.kernels;
+        quant_matmul(
+            kernels.quant(),
+            kernels.threads(),
+            &rows,
+            &self.weight,
+            QuantOutput::Int(ys),
+        );
+        Ok(tvec!(y.into_tvalue()))
+    }
+}
+
+impl TypedOp for MatMulIntegerOp {
+    as_op!();
+
+    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+        let shape = output_fact_shape(inputs[0], &self.weight)
+            .with_context(|| format!("MatMulInteger node '{}'", self.node))?;
+        Ok(tvec!(i32::fact(shape)))
+    }
+}
