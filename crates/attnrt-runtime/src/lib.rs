@@ -44,6 +44,7 @@ pub mod session;
 pub mod tensor;
 pub mod threads;
 mod tract_parser;
+mod weights;
 
 pub use attnrt_onnx::MemoryBudget;
 pub use guard::panic_is_guarded;

@@ -86,9 +86,11 @@ fn parse_gemm(
 }
 
 /// The parsed `MatMul`: shape rules are tract's; wiring picks [`ProjectionOp`] when it can.
+/// (`weights.rs` replaces it by its packed form when the weight is a large initializer.)
 #[derive(Debug, Clone, Default, Hash, PartialEq, Eq)]
-struct ProjectionMatMul {
-    node: String,
+pub(crate) struct ProjectionMatMul {
+    /// The ONNX node name.
+    pub(crate) node: String,
 }
 
 const TRACT_MATMUL: MatMulInference = MatMulInference {
@@ -295,14 +297,20 @@ impl ProjectionOp {
         } else {
             PackedWeight::from_strided(ws, rows, cols, cols, 1)
         };
-        Ok(Some(ProjectionOp {
+        Self::for_packed(node, Arc::new(weight)).map(Some)
+    }
+
+    /// The op `x · weight` for a weight packed already (by `for_facts`, or once per session by
+    /// `weights.rs`).
+    pub(crate) fn for_packed(node: &str, weight: Arc<PackedWeight>) -> TractResult<ProjectionOp> {
+        Ok(ProjectionOp {
             node: node.to_string(),
-            weight: Arc::new(weight),
+            weight,
             alpha: 1.0,
             bias: None,
             activation: None,
             kernels: crate::kernels::for_op()?,
-        }))
+        })
     }
 
     /// The op for a `Gemm` without `transA`, or `None` (tract's path). `c` is the fact of `C`

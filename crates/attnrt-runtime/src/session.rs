@@ -72,10 +72,10 @@ impl Session {
         attnrt_onnx::validate_model(model).with_context(|| format!("{what}: invalid model"))?;
         let kernels =
             KernelSet::resolve().with_context(|| format!("{what}: choosing the CPU kernels"))?;
-        let proto = crate::lower::tract_proto(model, options)
+        let (proto, held) = crate::lower::tract_proto(model, options)
             .with_context(|| format!("{what}: re-reading the model for tract"))?;
         let frontend = onnx_frontend_with(options);
-        let parsed = threads.install(|| guarded(what, || parse(&frontend, &proto, what)))?;
+        let parsed = threads.install(|| guarded(what, || parse(&frontend, proto, held, what)))?;
         Ok(Session {
             input_names: parsed.inputs.iter().map(|i| i.name.clone()).collect(),
             parsed: parsed.model,
@@ -269,15 +269,20 @@ struct Parsed {
     output_names: Vec<String>,
 }
 
-/// Parses `proto` with `frontend`.
+/// Parses `proto` with `frontend`, then gives the `held` weights their homes
+/// ([`crate::weights::place`]).
 fn parse(
     frontend: &tract_onnx::Onnx,
-    proto: &tract_onnx::pb::ModelProto,
+    proto: tract_onnx::pb::ModelProto,
+    held: Vec<crate::weights::HeldWeight>,
     what: &str,
 ) -> Result<Parsed> {
-    let parsed = frontend
-        .parse(proto, None)
+    let mut parsed = frontend
+        .parse(&proto, None)
         .with_context(|| format!("{what}: tract cannot load the graph"))?;
+    drop(proto);
+    crate::weights::place(&mut parsed.model, held)
+        .with_context(|| format!("{what}: placing the weights"))?;
     if !parsed.unresolved_inputs.is_empty() {
         bail!(
             "{what}: tensors used but never produced: {}",
