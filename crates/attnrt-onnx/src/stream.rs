@@ -1,5 +1,6 @@
 //! A [`BufMut`] over a writer, so that prost encodes a model straight into a file: small fields
-//! gather in a bounded buffer, large ones (tensor data) go to the writer as they are.
+//! gather in a bounded buffer, large ones (tensor data) go to the writer as they are, and the
+//! pages of a mapped file they came from are given back once written ([`crate::mapped::release`]).
 
 use std::io::Write;
 
@@ -76,10 +77,26 @@ unsafe impl BufMut for WriteBuf<'_> {
         UninitSlice::uninit(self.buf.spare_capacity_mut())
     }
 
+    // prost writes a `Bytes` field with `put`, whose default copies through `chunk_mut`: here
+    // each chunk of it goes to `put_slice` instead, so tensor data is written as it is.
+    fn put<T: bytes::Buf>(&mut self, mut src: T)
+    where
+        Self: Sized,
+    {
+        while src.has_remaining() {
+            let chunk = src.chunk();
+            let n = chunk.len();
+            self.put_slice(chunk);
+            src.advance(n);
+        }
+    }
+
     fn put_slice(&mut self, src: &[u8]) {
         if src.len() >= BUFFER {
             self.flush_buffer();
             self.write(src);
+            // Tensor data, written: a mapped model's pages of it are not needed any more.
+            crate::mapped::release(src);
             return;
         }
         if self.buf.capacity() - self.buf.len() < src.len() {

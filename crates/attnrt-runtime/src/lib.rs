@@ -36,6 +36,7 @@ pub mod layer_norm;
 mod lower;
 pub mod memory;
 pub mod options;
+mod packed;
 pub mod plan;
 pub mod profile;
 pub mod projection;

@@ -5,9 +5,11 @@
 //! before the model is re-encoded for tract, [`declare`] declares them as inputs instead). After
 //! parsing, [`place`] gives each one its home:
 //!
-//! - a float32 matrix read only as the weight of constant-weight `MatMul`s (the projections)
-//!   is packed for the projection kernel at once, and those nodes become [`PackedProjection`]:
-//!   the packed panels are the weight's only copy in the session, shared by every plan;
+//! - a float32 matrix read only as the weight `B` of projections (attnrt's constant-weight
+//!   `MatMul`s, and `Gemm`s without `transA`, all reading it the same way round) is packed for
+//!   the projection kernel at once, and those nodes become `PackedProjection` / `PackedGemm`
+//!   (`packed.rs`): the packed panels are the weight's only copy in the session, shared by
+//!   every plan;
 //! - any other becomes a tract constant, built from the bytes, shared by every plan.
 //!
 //! The bytes come from the model: slices of the mapped model file (`attnrt_onnx::mapped`), whose
@@ -26,9 +28,11 @@ use rayon::prelude::*;
 use tract_onnx::pb;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
+use tract_onnx::tract_hir::ops::expandable::expand;
 use tract_onnx::tract_hir::ops::konst::Const;
 
-use crate::projection::{ProjectionMatMul, ProjectionOp};
+use crate::packed::{PackedGemm, PackedProjection};
+use crate::projection::{ProjectionGemm, ProjectionMatMul};
 
 /// Initializers with at least this many bytes of data are held out of tract's graph.
 pub(crate) const HOLD_AT_LEAST: usize = 4 << 10;
@@ -106,9 +110,23 @@ fn datum_type(data_type: i32) -> Option<DatumType> {
 /// What a held weight becomes in the session.
 enum Home {
     /// Packed for the projection kernel; these nodes read it.
-    Packed(Arc<PackedWeight>, Vec<usize>),
+    Packed(Arc<PackedWeight>, Vec<(usize, Reader)>),
     /// A tract constant.
     Const(Arc<Tensor>),
+}
+
+/// A projection node that reads a packable weight as its `B`, as parsed.
+#[derive(Clone)]
+enum Reader {
+    MatMul(ProjectionMatMul),
+    Gemm(ProjectionGemm),
+}
+
+impl Reader {
+    /// Whether the node reads its weight transposed (`Gemm`'s `transB`): stored `[N, K]`.
+    fn transposed(&self) -> bool {
+        matches!(self, Reader::Gemm(g) if g.trans_b)
+    }
 }
 
 /// Gives every held weight its home in `model` (just parsed from the graph [`declare`] made):
@@ -119,7 +137,7 @@ pub(crate) fn place(model: &mut InferenceModel, held: Vec<HeldWeight>) -> TractR
         .iter()
         .map(|w| Ok(model.node_by_name(&w.name)?.id))
         .collect::<TractResult<Vec<usize>>>()?;
-    let readers: Vec<Option<Vec<usize>>> = held
+    let readers: Vec<_> = held
         .iter()
         .zip(&ids)
         .map(|(w, &id)| projection_readers(model, w, id))
@@ -139,10 +157,10 @@ pub(crate) fn place(model: &mut InferenceModel, held: Vec<HeldWeight>) -> TractR
         let konst = match home {
             Home::Const(t) => t,
             Home::Packed(packed, readers) => {
-                for r in readers {
-                    read_packed(model, r, &packed)?;
-                }
                 model.node_mut(id).outputs[0].successors.clear();
+                for (r, reader) in readers {
+                    read_packed(model, r, reader, &packed)?;
+                }
                 // What stays in the weight's place: a constant no node reads.
                 tensor0(0f32).into_arc_tensor()
             }
@@ -155,44 +173,65 @@ pub(crate) fn place(model: &mut InferenceModel, held: Vec<HeldWeight>) -> TractR
     Ok(())
 }
 
-/// The nodes that read `w` (node `id`) when all of them are attnrt's projection `MatMul`s
-/// taking it as their weight and `w` is a float32 matrix that is not a graph output; `None`
-/// otherwise.
-fn projection_readers(model: &InferenceModel, w: &HeldWeight, id: usize) -> Option<Vec<usize>> {
-    let node = model.node(id);
-    let successors = &node.outputs.first()?.successors;
+/// The nodes that read `w` (node `id`) when all of them are attnrt's projections taking it as
+/// their `B`, all the same way round, and `w` is a float32 matrix that is not a graph output;
+/// `None` otherwise.
+fn projection_readers(
+    model: &InferenceModel,
+    w: &HeldWeight,
+    id: usize,
+) -> Option<Vec<(usize, Reader)>> {
+    let successors = &model.node(id).outputs.first()?.successors;
     let is_output = model.outputs.iter().any(|o| o.node == id);
     if w.data_type != DataType::Float as i32 || w.dims.len() != 2 || is_output {
         return None;
     }
-    if successors.is_empty() {
-        return None;
-    }
-    let all_projections = successors.iter().all(|inlet| {
-        let reader = model.node(inlet.node);
-        inlet.slot == 1 && reader.inputs.len() == 2 && as_projection(reader).is_some()
-    });
-    all_projections.then(|| successors.iter().map(|i| i.node).collect())
+    let readers = successors
+        .iter()
+        .map(|inlet| Some((inlet.node, reader_of(model.node(inlet.node), inlet.slot)?)))
+        .collect::<Option<Vec<_>>>()?;
+    let transposed = readers.first()?.1.transposed();
+    readers
+        .iter()
+        .all(|(_, r)| r.transposed() == transposed)
+        .then_some(readers)
 }
 
-/// The node's op, when it is attnrt's projection `MatMul` as parsed.
-fn as_projection(node: &InferenceNode) -> Option<&ProjectionMatMul> {
-    node.op
+/// The node as a reader of its input `slot`, when it is attnrt's projection `MatMul`, or its
+/// projection `Gemm` without `transA`, and `slot` is its `B`.
+fn reader_of(node: &InferenceNode, slot: usize) -> Option<Reader> {
+    let op = node
+        .op
         .as_op()
         .downcast_ref::<Box<dyn Expansion>>()?
-        .as_any()
-        .downcast_ref::<ProjectionMatMul>()
+        .as_any();
+    if slot != 1 {
+        return None;
+    }
+    if let Some(m) = op.downcast_ref::<ProjectionMatMul>() {
+        return (node.inputs.len() == 2).then(|| Reader::MatMul(m.clone()));
+    }
+    let g = op.downcast_ref::<ProjectionGemm>()?;
+    (!g.trans_a && (2..=3).contains(&node.inputs.len())).then(|| Reader::Gemm(g.clone()))
 }
 
 /// The weight packed for `readers`, or as a tract constant.
-fn home_of(w: &HeldWeight, readers: Option<Vec<usize>>) -> TractResult<Home> {
+fn home_of(w: &HeldWeight, readers: Option<Vec<(usize, Reader)>>) -> TractResult<Home> {
     let shape: Vec<usize> = w.dims.iter().map(|&d| d as usize).collect();
     match readers {
         Some(readers) => {
-            let key = (Kind::Packed, w.data.clone());
+            let transposed = readers.first().is_some_and(|(_, r)| r.transposed());
+            let key = (Kind::Packed { transposed }, w.data.clone());
             let packed = SHARED.packed.get_or_make(key, || {
-                let (k, n) = (shape[0], shape[1]);
-                Ok(with_f32(&w.data, |values| PackedWeight::new(values, k, n)))
+                let (rows, cols) = (shape[0], shape[1]);
+                Ok(with_f32(&w.data, |ws| {
+                    if transposed {
+                        // `w` is `[N, K]`: element (k, j) of the product's weight is `w[j][k]`.
+                        PackedWeight::from_strided(ws, cols, rows, 1, cols)
+                    } else {
+                        PackedWeight::new(ws, rows, cols)
+                    }
+                }))
             })?;
             Ok(Home::Packed(packed, readers))
         }
@@ -243,84 +282,41 @@ fn tensor_from_bytes(dt: DatumType, shape: &[usize], data: &[u8]) -> TractResult
     }
 }
 
-/// Makes `reader` (a projection `MatMul` whose weight was packed) read `packed` instead of its
-/// second input, which it no longer has.
+/// Makes node `id` (`reader`, whose weight was packed) read `packed` instead of its input `B`,
+/// which it no longer has (a `Gemm`'s `C` moves up to input 1).
 fn read_packed(
     model: &mut InferenceModel,
-    reader: usize,
+    id: usize,
+    reader: Reader,
     packed: &Arc<PackedWeight>,
 ) -> TractResult<()> {
-    let name = as_projection(model.node(reader))
-        .context("a packed weight's reader is not a projection")?
-        .node
-        .clone();
-    let node = model.node_mut(reader);
-    node.op = tract_onnx::tract_hir::ops::expandable::expand(PackedProjection {
-        node: name,
-        weight: packed.clone(),
-    });
-    node.inputs.truncate(1);
-    Ok(())
-}
-
-/// A projection `MatMul` whose constant weight is packed already: `x · W` for `x: [..., K]`
-/// float32 and the packed `W: [K, N]`; typed as [`ProjectionOp`].
-#[derive(Debug, Clone)]
-pub(crate) struct PackedProjection {
-    node: String,
-    weight: Arc<PackedWeight>,
-}
-
-impl Expansion for PackedProjection {
-    fn name(&self) -> StaticName {
-        "AttnrtPackedMatMul".into()
-    }
-
-    fn rules<'r, 'p: 'r, 's: 'r>(
-        &'s self,
-        s: &mut Solver<'r>,
-        inputs: &'p [TensorProxy],
-        outputs: &'p [TensorProxy],
-    ) -> InferenceResult {
-        check_input_arity(inputs, 1)?;
-        check_output_arity(outputs, 1)?;
-        s.equals(&inputs[0].datum_type, DatumType::F32)?;
-        s.equals(&outputs[0].datum_type, DatumType::F32)?;
-        s.equals(&inputs[0].rank, &outputs[0].rank)?;
-        let (k, n) = (self.weight.k(), self.weight.n());
-        s.given(&inputs[0].rank, move |s, rank| {
-            let Some(last) = (rank as usize).checked_sub(1) else {
-                bail!("MatMul of a scalar by a weight");
-            };
-            for axis in 0..last {
-                s.equals(&inputs[0].shape[axis], &outputs[0].shape[axis])?;
-            }
-            s.equals(&inputs[0].shape[last], k.to_dim())?;
-            s.equals(&outputs[0].shape[last], n.to_dim())
-        })
-    }
-
-    fn wire(
-        &self,
-        prefix: &str,
-        model: &mut TypedModel,
-        inputs: &[OutletId],
-    ) -> TractResult<TVec<OutletId>> {
-        let op = ProjectionOp::for_packed(&self.node, self.weight.clone())?;
-        if model.outlet_fact(inputs[0])?.rank() >= 2 {
-            return model.wire_node(prefix, op, &inputs[..1]);
+    let weight = packed.clone();
+    let op = match reader {
+        Reader::MatMul(m) => expand(PackedProjection {
+            node: m.node,
+            weight,
+        }),
+        Reader::Gemm(gemm) => expand(PackedGemm { gemm, weight }),
+    };
+    let node = model.node_mut(id);
+    node.op = op;
+    node.inputs.remove(1);
+    if let Some(&c) = node.inputs.get(1) {
+        let successors = &mut model.node_mut(c.node).outputs[c.slot].successors;
+        for inlet in successors
+            .iter_mut()
+            .filter(|i| i.node == id && i.slot == 2)
+        {
+            inlet.slot = 1;
         }
-        // `[K] · W` is the one row `[1, K] · W` without its row axis.
-        let row = model.wire_node(format!("{prefix}.row"), AxisOp::Add(0), &inputs[..1])?;
-        let y = model.wire_node(format!("{prefix}.product"), op, &row)?;
-        model.wire_node(prefix, AxisOp::Rm(0), &y)
     }
+    Ok(())
 }
 
 /// What a weight's bytes were made into.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
-    Packed,
+    Packed { transposed: bool },
     Const(DatumType),
 }
 
@@ -385,12 +381,34 @@ impl<T> Cache<T> {
 mod tests {
     use super::*;
     use crate::{NamedTensor, Session, SessionOptions, Threads};
-    use attnrt_testkit::{node, seeded_values, tensor_f32, value_info, GraphBuilder};
+    use attnrt_onnx::attr;
+    use attnrt_testkit::{
+        node, node_with_attrs, seeded_values, tensor_f32, value_info, GraphBuilder,
+    };
 
-    /// `y = x · W` (x `[2, 32]`), `u = v · W` (v `[32]`, rank 1), `z = x · S + S[0]`-ish: `S` is
-    /// read by a `MatMul` and by an `Add`, so it is no projection weight.
+    /// `y = x · W` (x `[2, 32]`), `u = v · W` (v `[32]`, rank 1), `g0 = Gemm(x, W)`: one packed
+    /// `W` for three readers; `p = x · S` and `q = t + S`: `S` is read by an `Add` too, so it is
+    /// a constant. `g1 = 0.5 · x · Gᵀ + 2 · c` (a bias row) and `g2 = x · Gᵀ + m` (`m` an input):
+    /// `G` is packed transposed.
     fn model() -> ModelProto {
+        let gemm = |name: &str, inputs: &[&str], out: &str, alpha: f32, beta: f32| {
+            let attrs = vec![
+                attr::make_float("alpha", alpha),
+                attr::make_float("beta", beta),
+                attr::make_int("transB", 1),
+            ];
+            node_with_attrs(name, "Gemm", inputs, &[out], attrs)
+        };
         let mut g = GraphBuilder::new("g");
+        g.input(value_info("m", DataType::Float, &[2, 48]));
+        g.initializer(tensor_f32("gw", &[48, 32], &seeded_values(48 * 32, 6)));
+        g.initializer(tensor_f32("c", &[48], &seeded_values(48, 7)));
+        g.node(gemm("gemm_1", &["x", "gw", "c"], "g1", 0.5, 2.0));
+        g.node(gemm("gemm_2", &["x", "gw", "m"], "g2", 1.0, 1.0));
+        g.node(node("gemm_0", "Gemm", &["x", "w"], &["g0"]));
+        g.output(value_info("g0", DataType::Float, &[2, 64]));
+        g.output(value_info("g1", DataType::Float, &[2, 48]));
+        g.output(value_info("g2", DataType::Float, &[2, 48]));
         g.input(value_info("x", DataType::Float, &[2, 32]));
         g.input(value_info("v", DataType::Float, &[32]));
         g.input(value_info("t", DataType::Float, &[32, 64]));
@@ -414,7 +432,12 @@ mod tests {
             tensor: Tensor::from_shape(shape, &seeded_values(shape.iter().product(), seed))
                 .unwrap(),
         };
-        vec![t("x", &[2, 32], 3), t("v", &[32], 4), t("t", &[32, 64], 5)]
+        vec![
+            t("x", &[2, 32], 3),
+            t("v", &[32], 4),
+            t("t", &[32, 64], 5),
+            t("m", &[2, 48], 8),
+        ]
     }
 
     #[test]
@@ -422,7 +445,7 @@ mod tests {
         let mut m = model();
         let held = hold_large(&mut m);
         let names: Vec<&str> = held.iter().map(|w| w.name.as_str()).collect();
-        assert_eq!(names, ["w", "s"]);
+        assert_eq!(names, ["gw", "w", "s"]);
         let left: Vec<&str> = m
             .graph
             .as_ref()
@@ -431,7 +454,7 @@ mod tests {
             .iter()
             .map(|t| t.name.as_str())
             .collect();
-        assert_eq!(left, ["small"]);
+        assert_eq!(left, ["c", "small"]);
     }
 
     #[test]
@@ -444,8 +467,9 @@ mod tests {
             .iter()
             .filter(|n| *n == crate::projection::OP_NAME)
             .count();
-        // `x · w` and `v · w` read the packed `w`; `x · s` packs `s` as it did before.
-        assert_eq!(projections, 3, "{names:?}");
+        // `x · w`, `v · w` and `Gemm(x, w)` read the packed `w`, both `Gemm`s the packed `gw`;
+        // `x · s` packs `s` from its constant, as it did before.
+        assert_eq!(projections, 6, "{names:?}");
         let tract = SessionOptions {
             attnrt_ops: false,
             ..SessionOptions::per_shape()
