@@ -53,6 +53,8 @@ from onnx import numpy_helper
 import metadata_paths  # models/ (the script's folder is on sys.path)
 
 MODELS_DIR = Path(__file__).resolve().parent
+# What the manifest's entries written here say made them (others name their own script).
+THIS = "models/export.py"
 
 # Tiny dimensions shared by the hand-written modules: d_model 64, 4 heads of 16.
 D_MODEL = 64
@@ -1699,13 +1701,15 @@ def main() -> int:
     manifest_path = MODELS_DIR / "manifest.json"
     old = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     names = {s.name for s in selected}
-    manifest = [e for e in old.get("models", []) if e["model"] not in names] if args.only else []
+    # Entries (and files) of the other export scripts (models/optimum_export.py) are kept.
+    others = [e for e in old.get("models", []) if e.get("generated_by", THIS) != THIS]
+    others_prefixes = tuple(e["model"] + "." for e in others)
+    manifest = [e for e in old.get("models", []) if e["model"] not in names] if args.only else others
     failures = [f for f in old.get("failures", []) if f["model"] not in names] if args.only else []
     if not args.only:
-        for p in MODELS_DIR.glob("*.onnx*"):
-            p.unlink()
-        for p in MODELS_DIR.glob("*.npz"):
-            p.unlink()
+        for p in [*MODELS_DIR.glob("*.onnx*"), *MODELS_DIR.glob("*.npz")]:
+            if not p.name.startswith(others_prefixes):
+                p.unlink()
     patterns: dict = {}
     for spec in selected:
         if args.only:
@@ -1728,7 +1732,7 @@ def main() -> int:
     import transformers
 
     doc = {
-        "generated_by": "models/export.py",
+        "generated_by": THIS,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "onnx": onnx.__version__, "onnxruntime": ort.__version__,
                      "numpy": np.__version__},
@@ -1736,6 +1740,7 @@ def main() -> int:
                           "- PyTorch| over all outputs on the saved inputs",
         "models": manifest,
         "failures": failures,
+        **{k: v for k, v in old.items() if k == "optimum_versions"},
     }
     manifest_path.write_text(json.dumps(doc, indent=1) + "\n")
     if not args.only:

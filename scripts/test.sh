@@ -37,7 +37,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked -q
   -o target/wheels
 "$ATTNRT_PYTHON" -m pip install -q --force-reinstall --no-deps target/wheels/attnrt-*-abi3-*.whl
 ATTNRT_BIN="$PWD/target/debug/attnrt" "$ATTNRT_PYTHON" -m pytest -q tests/python/test_attnrt_package.py \
-  tests/python/test_op_check_ort.py
+  tests/python/test_op_check_ort.py tests/python/test_generation.py
 
 # The mutation fuzzer, a short seeded run (issue 28; scripts/fuzz.py runs long campaigns by
 # hand): shipped models changed through the onnx API and on their bytes, given to this build's

@@ -44,6 +44,11 @@ const PER_SHAPE: &[(&str, &str)] = &[
     ("llama_", "as gpt2_"),
     ("t5_", "as bert_"),
     ("bart_", "as bert_"),
+    (
+        "whisper_optimum.decoder.",
+        "optimum's decoder without past: tract's symbolic plan of the self-attention's causal \
+         mask Add does not broadcast at run time (\"Can not broadcast 4 against 2\")",
+    ),
 ];
 
 /// Another batch and sequence length than the saved inputs (2 × 10), for the dimension

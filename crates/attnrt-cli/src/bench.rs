@@ -174,6 +174,9 @@ fn json_report(
 fn print_text(args: &BenchArgs, b: &Bench, timing: &PairedTiming, profiles: Option<&[Profile; 2]>) {
     println!("model: {}", b.name);
     println!("dims: {}", dims_line(&b.prepared));
+    for note in &b.prepared.notes {
+        println!("note: {note}");
+    }
     println!("threads: {}", b.threads.count());
     println!("matmul: {}", args.matmul.name());
     if b.blocks == 0 {

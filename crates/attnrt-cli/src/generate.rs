@@ -11,8 +11,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use attnrt::generate::{
-    GenerationFailed, GenerationOptions, GenerationReport, Generator, SamplingOptions, StepReport,
-    StopReason,
+    Generation, GenerationFailed, GenerationOptions, GenerationReport, Generator, SamplingOptions,
+    StepReport, StopReason,
 };
 use attnrt::harness::Tolerance;
 use attnrt::{FusionReport, SessionOptions, Threads};
@@ -22,21 +22,23 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use crate::common::{load, threads, LimitArgs, MatmulArgs, MemoryArgs};
+use crate::stream::RowText;
 
 /// Arguments of `attnrt generate`.
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     /// The decoder (exported with past_key_values inputs and present outputs).
     pub model: PathBuf,
-    /// The prompt as token ids, e.g. `1,2,3`.
-    #[arg(long, value_name = "IDS", value_delimiter = ',', conflicts_with_all = ["prompt_len", "prompt"])]
-    pub prompt_ids: Option<Vec<i64>>,
+    /// The prompt as token ids, e.g. `1,2,3`; given several times, one row of a batch each
+    /// (padded on the left).
+    #[arg(long, value_name = "IDS", value_parser = parse_ids, conflicts_with_all = ["prompt_len", "prompt"])]
+    pub prompt_ids: Vec<PromptIds>,
     /// A prompt of N seeded random token ids.
     #[arg(long, value_name = "N", conflicts_with = "prompt")]
     pub prompt_len: Option<usize>,
-    /// The prompt as text (needs --tokenizer).
+    /// The prompt as text (needs --tokenizer); given several times, one row of a batch each.
     #[arg(long, value_name = "TEXT", requires = "tokenizer")]
-    pub prompt: Option<String>,
+    pub prompt: Vec<String>,
     /// A Hugging Face `tokenizer.json`: encodes --prompt and decodes the generated tokens.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
@@ -49,6 +51,10 @@ pub struct GenerateArgs {
     /// Stop after this token id.
     #[arg(long, value_name = "ID")]
     pub eos: Option<i64>,
+    /// Stop a row when its text contains this string (repeatable; needs --tokenizer); the text
+    /// ends before it.
+    #[arg(long, value_name = "TEXT", requires = "tokenizer")]
+    pub stop: Vec<String>,
     /// The most positions to use, prompt and generated tokens together (default: the model's
     /// context, the rows of its position table when it has one).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -80,6 +86,21 @@ pub struct GenerateArgs {
     pub memory: MemoryArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+}
+
+/// One `--prompt-ids` value: comma-separated token ids.
+#[derive(Clone, Debug)]
+pub struct PromptIds(pub Vec<i64>);
+
+fn parse_ids(s: &str) -> Result<PromptIds, String> {
+    s.split(',')
+        .map(|t| {
+            t.trim()
+                .parse::<i64>()
+                .map_err(|_| format!("'{t}' is not a token id (give ids such as 1,2,3)"))
+        })
+        .collect::<Result<_, _>>()
+        .map(PromptIds)
 }
 
 /// How the next token is chosen (transformers' definitions and order: repetition penalty,
@@ -143,18 +164,30 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let threads = threads(args.threads)?;
     let (generator, fusion) = open(&args, &name, &threads)?;
     let blocks = fusion.as_ref().map_or(0, |f| f.blocks.len());
-    let prompt = prompt(&args, tokenizer.as_ref(), generator.signature().vocab)?;
+    let prompts = prompts(&args, tokenizer.as_ref(), generator.signature().vocab)?;
     let options = GenerationOptions {
-        prompt,
+        prompts,
         max_new_tokens: args.max_new_tokens,
         eos_token: args.eos,
         check: args.check.then_some(tol),
         max_length: args.max_length.map(|n| n as usize),
         sampling: args.sampling.options(args.seed),
     };
-    let bar = progress(args.max_new_tokens);
-    let outcome = generator.generate(&options, |s| on_step(&bar, s));
+    // Text is printed as it is made for one prompt with a tokenizer (not with --json).
+    let streaming = tokenizer.is_some() && !args.json && options.prompts.len() == 1;
+    let mut texts = Texts::new(
+        tokenizer.as_ref(),
+        &args.stop,
+        options.prompts.len(),
+        streaming,
+    );
+    let bar = progress(args.max_new_tokens, streaming);
+    let outcome = run_steps(&generator, &options, |g, s| {
+        on_step(&bar, s);
+        texts.update(g)
+    });
     bar.finish_and_clear();
+    texts.end();
     // A failed step still prints the tokens made before it, then the error.
     let report = match &outcome {
         Ok(report) => report,
@@ -170,7 +203,7 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         generator: &generator,
         threads: threads.count(),
     };
-    shown.print(&args, report, tokenizer.as_ref())?;
+    shown.print(&args, report, texts.finals()?.as_deref(), streaming)?;
     let report = outcome?;
     match report.check_ok {
         Some(false) => {
@@ -221,12 +254,10 @@ impl Shown<'_> {
         &self,
         args: &GenerateArgs,
         report: &GenerationReport,
-        tokenizer: Option<&tokenizers::Tokenizer>,
+        texts: Option<&[String]>,
+        streamed: bool,
     ) -> Result<()> {
-        let text = match tokenizer {
-            Some(t) => Some(decode(t, &report.tokens)?),
-            None => None,
-        };
+        let text = texts.map(|t| t[0].clone());
         let tol = args.check.then_some(Tolerance {
             atol: args.atol,
             rtol: args.rtol,
@@ -240,11 +271,18 @@ impl Shown<'_> {
                 "signature": self.generator.signature(),
                 "report": report,
                 "text": text,
+                "rows": report.rows.iter().enumerate().map(|(i, r)| json!({
+                    "prompt": r.prompt,
+                    "tokens": r.tokens,
+                    "text": texts.map(|t| &t[i]),
+                    "stopped": r.stopped,
+                })).collect::<Vec<_>>(),
                 "tolerance": tol,
             });
             println!("{}", serde_json::to_string_pretty(&v)?);
         } else {
-            print_text(self.name, self.blocks, report, text.as_deref(), tol);
+            let shown_texts = if streamed { None } else { texts };
+            print_text(self.name, self.blocks, report, shown_texts, tol);
         }
         if let (StopReason::Context, Some(c)) = (report.stopped, &report.context) {
             let given = if c.table.is_none() {
@@ -262,27 +300,37 @@ impl Shown<'_> {
     }
 }
 
-fn prompt(
+/// The batch's prompts: `--prompt-ids` or `--prompt` (one row per occurrence), else one
+/// seeded random prompt of `--prompt-len` tokens.
+fn prompts(
     args: &GenerateArgs,
     tokenizer: Option<&tokenizers::Tokenizer>,
     vocab: Option<usize>,
-) -> Result<Vec<i64>> {
-    if let Some(ids) = &args.prompt_ids {
-        return Ok(ids.clone());
+) -> Result<Vec<Vec<i64>>> {
+    if !args.prompt_ids.is_empty() {
+        return Ok(args.prompt_ids.iter().map(|p| p.0.clone()).collect());
     }
-    if let Some(text) = &args.prompt {
+    if !args.prompt.is_empty() {
         let t = tokenizer.context("--prompt needs --tokenizer")?;
-        let enc = t
-            .encode(text.as_str(), false)
-            .map_err(|e| anyhow::anyhow!("encoding --prompt: {e}"))?;
-        return Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect());
+        return args
+            .prompt
+            .iter()
+            .map(|text| {
+                let enc = t
+                    .encode(text.as_str(), false)
+                    .map_err(|e| anyhow::anyhow!("encoding --prompt: {e}"))?;
+                Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
+            })
+            .collect();
     }
     let len = args.prompt_len.unwrap_or(8);
     let vocab = vocab.context(
         "the logits do not declare the vocabulary size: give --prompt-ids instead of a random prompt",
     )?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
-    Ok((0..len).map(|_| rng.gen_range(0..vocab as i64)).collect())
+    Ok(vec![(0..len)
+        .map(|_| rng.gen_range(0..vocab as i64))
+        .collect()])
 }
 
 fn decode(t: &tokenizers::Tokenizer, tokens: &[i64]) -> Result<String> {
@@ -294,9 +342,113 @@ fn decode(t: &tokenizers::Tokenizer, tokens: &[i64]) -> Result<String> {
         .map_err(|e| anyhow::anyhow!("decoding the generated tokens: {e}"))
 }
 
-fn progress(total: usize) -> ProgressBar {
-    let bar =
-        ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::stderr());
+/// Runs `options`' generation step by step; `after` sees the generation after each step (and
+/// may finish rows in it). A failing step gives a [`GenerationFailed`] with the tokens made.
+fn run_steps(
+    generator: &Generator,
+    options: &GenerationOptions,
+    mut after: impl FnMut(&mut Generation, &StepReport) -> Result<()>,
+) -> Result<GenerationReport> {
+    let mut g = generator.start(options)?;
+    loop {
+        let step = match generator.next_step(&mut g) {
+            Ok(Some(step)) => step.clone(),
+            Ok(None) => return Ok(generator.report(&g)),
+            Err(error) => {
+                let report = generator.report(&g);
+                return Err(GenerationFailed { report, error }.into());
+            }
+        };
+        after(&mut g, &step)?;
+    }
+}
+
+/// The rows' texts as they grow (with a tokenizer): streamed to stdout for one row, cut at the
+/// stop strings, which finish their row.
+struct Texts<'t> {
+    tokenizer: Option<&'t tokenizers::Tokenizer>,
+    rows: Vec<RowText>,
+    /// Each row's whole decoded text so far.
+    decoded: Vec<String>,
+    /// Rows decoded for the last time.
+    done: Vec<bool>,
+    streaming: bool,
+}
+
+impl<'t> Texts<'t> {
+    fn new(
+        tokenizer: Option<&'t tokenizers::Tokenizer>,
+        stops: &[String],
+        rows: usize,
+        streaming: bool,
+    ) -> Texts<'t> {
+        if streaming {
+            print!("text: ");
+        }
+        Texts {
+            tokenizer,
+            rows: (0..rows).map(|_| RowText::new(stops)).collect(),
+            decoded: vec![String::new(); rows],
+            done: vec![false; rows],
+            streaming,
+        }
+    }
+
+    /// Decodes the rows still generating, prints what is new (streaming) and finishes the rows
+    /// whose text reached a stop string.
+    fn update(&mut self, g: &mut Generation) -> Result<()> {
+        let Some(t) = self.tokenizer else {
+            return Ok(());
+        };
+        for r in 0..g.batch() {
+            if self.done[r] {
+                continue;
+            }
+            // a row that finished this step is decoded once more, with its last token
+            self.done[r] = g.is_row_finished(r);
+            self.decoded[r] = decode(t, g.tokens(r))?;
+            let (new, stopped) = self.rows[r].feed(&self.decoded[r]);
+            if self.streaming {
+                print!("{new}");
+                std::io::Write::flush(&mut std::io::stdout())?;
+            }
+            if stopped {
+                g.finish_row(r, StopReason::Stop);
+                self.done[r] = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Prints the rest of a streamed row and ends its line.
+    fn end(&mut self) {
+        if self.streaming {
+            println!("{}", self.rows[0].rest(&self.decoded[0]));
+        }
+    }
+
+    /// Each row's final text (cut before its stop string), with a tokenizer.
+    fn finals(&self) -> Result<Option<Vec<String>>> {
+        if self.tokenizer.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.rows
+                .iter()
+                .zip(&self.decoded)
+                .map(|(r, d)| r.text(d).to_string())
+                .collect(),
+        ))
+    }
+}
+
+fn progress(total: usize, hidden: bool) -> ProgressBar {
+    let target = if hidden {
+        indicatif::ProgressDrawTarget::hidden()
+    } else {
+        indicatif::ProgressDrawTarget::stderr()
+    };
+    let bar = ProgressBar::with_draw_target(Some(total as u64), target);
     bar.set_style(
         ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} tokens {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -334,27 +486,43 @@ fn print_text(
     name: &str,
     blocks: usize,
     r: &GenerationReport,
-    text: Option<&str>,
+    texts: Option<&[String]>,
     tol: Option<Tolerance>,
 ) {
     let ids = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
     println!("model: {name}");
     println!("fusion: {blocks} attention block(s) fused");
-    println!("prompt: {} token(s): {}", r.prompt.len(), ids(&r.prompt));
-    println!("generated: {} token(s): {}", r.tokens.len(), ids(&r.tokens));
-    if let Some(t) = text {
-        println!("text: {t}");
+    for (i, row) in r.rows.iter().enumerate() {
+        // a batch numbers its rows; one prompt prints as it always has
+        let at = if r.rows.len() > 1 {
+            format!(" [row {i}]")
+        } else {
+            String::new()
+        };
+        println!(
+            "prompt{at}: {} token(s): {}",
+            row.prompt.len(),
+            ids(&row.prompt)
+        );
+        println!(
+            "generated{at}: {} token(s): {}",
+            row.tokens.len(),
+            ids(&row.tokens)
+        );
+        if let Some(t) = texts {
+            println!("text{at}: {}", t[i]);
+        }
     }
     let planning = r.steps.first().map_or(0.0, |s| s.planning_ms);
     println!(
-        "time to first token: {:.2} ms (of which {planning:.2} ms planning the prompt's shape)",
+        "time to first token: {:.2} ms (plans made meanwhile: {planning:.2} ms, the prompt's and, alongside, the decode steps')",
         r.time_to_first_token_ms
     );
     if let (Some(tps), Some(ms)) = (r.decode_tokens_per_s, r.median_step_ms) {
         println!("decode: {tps:.1} tokens/s, median {ms:.3} ms per step (steps that made a plan excluded)");
     }
     println!(
-        "plans: {} built in {:.1} ms (one for the prompt, one for the decode steps)",
+        "plans: {} built in {:.1} ms (one for the prompt, one for the decode steps, made while the prompt runs)",
         r.plans.built, r.plans.build_ms
     );
     if let (Some(ok), Some(tol)) = (r.check_ok, tol) {

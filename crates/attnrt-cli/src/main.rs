@@ -8,6 +8,7 @@ mod fuse;
 mod generate;
 mod profile;
 mod run;
+mod stream;
 
 use std::process::ExitCode;
 

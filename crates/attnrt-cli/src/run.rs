@@ -209,6 +209,7 @@ fn json_report(
         "model": cmp.model,
         "threads": threads.count(),
         "dims": prepared.dims,
+        "input_notes": prepared.notes,
         "inputs": prepared.sources.iter().zip(&prepared.tensors).map(|((n, how), t)| json!({
             "name": n, "shape": t.tensor.shape(), "dtype": dtype_name(t.tensor.datum_type()), "source": how,
         })).collect::<Vec<_>>(),
@@ -281,6 +282,9 @@ fn print_text(
             dtype_name(t.tensor.datum_type()),
             t.tensor.shape()
         );
+    }
+    for note in &prepared.notes {
+        println!("note: {note}");
     }
     println!("fusion: {}", cmp.fusion_note());
     if let Some(r) = cmp.fusion.as_ref().filter(|r| !r.blocks.is_empty()) {

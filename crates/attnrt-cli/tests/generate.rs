@@ -263,3 +263,73 @@ fn a_failing_step_keeps_the_tokens_made_before_it() {
         "{error}"
     );
 }
+
+/// `--prompt-ids` given several times runs one batch: `--json` has one entry per row under
+/// `"rows"`, each row's tokens those of its prompt alone; the check covers every row.
+#[test]
+fn several_prompt_ids_run_as_one_batch() {
+    let m = model("gpt2_cache_eager.ts.onnx");
+    let run = |prompts: &[&str]| {
+        let mut args = vec!["generate", &m, "--max-new-tokens", "4", "--check", "--json"];
+        for p in prompts {
+            args.extend(["--prompt-ids", p]);
+        }
+        json(&attnrt(&args))
+    };
+    let v = run(&["5,6,7", "1,2,3,4,5,6"]);
+    assert_eq!(v["report"]["check_ok"], true, "{v}");
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1]["prompt"], serde_json::json!([1, 2, 3, 4, 5, 6]));
+    for (row, prompt) in rows.iter().zip(["5,6,7", "1,2,3,4,5,6"]) {
+        let alone = run(&[prompt]);
+        assert_eq!(row["tokens"], alone["rows"][0]["tokens"], "{prompt}");
+        assert_eq!(row["tokens"].as_array().unwrap().len(), 4);
+    }
+    let bad = attnrt(&["generate", &m, "--prompt-ids", "1,x"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("'x' is not a token id"));
+}
+
+/// With a tokenizer the text streams to stdout as it is made (first line), and `--stop` ends a
+/// row where its text reaches the string: the text ends before it, the row's tokens stop
+/// growing, and `--json` says `"stopped": "stop"` for it.
+#[test]
+fn text_streams_and_stop_strings_end_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = tokenizer_json(dir.path());
+    let tok = tok.to_str().unwrap();
+    let m = model("llama_cache_eager.ts.onnx");
+    let base = ["generate", &m, "--tokenizer", tok, "--prompt", "w1 w2 w3"];
+    let free = json(&attnrt(
+        &[&base[..], &["--max-new-tokens", "8", "--json"]].concat(),
+    ));
+    let words: Vec<String> = free["rows"][0]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| format!("w{}", t.as_i64().unwrap()))
+        .collect();
+    let o = attnrt(&[&base[..], &["--max-new-tokens", "8"]].concat());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        out.lines().next().unwrap(),
+        format!("text: {}", words.join(" "))
+    );
+    // stop at the text of the 4th and 5th words: the row ends after the 5th token
+    let stop = format!("{} {}", words[3], words[4]);
+    let v = json(&attnrt(
+        &[
+            &base[..],
+            &["--max-new-tokens", "8", "--json", "--stop", &stop],
+        ]
+        .concat(),
+    ));
+    let row = &v["rows"][0];
+    assert_eq!(row["stopped"], "stop", "{v}");
+    assert_eq!(row["tokens"].as_array().unwrap().len(), 5, "{v}");
+    assert_eq!(row["text"], format!("{} ", words[..3].join(" ")), "{v}");
+    assert_eq!(v["report"]["stopped"], "stop");
+    let o = attnrt(&["generate", &m, "--stop", "x"]);
+    assert_eq!(o.status.code(), Some(2), "--stop without --tokenizer");
+}

@@ -7,7 +7,8 @@
 //! before running it, and refuses with one error naming the tensor and the size.
 //!
 //! The default is [`DEFAULT_SHARE_PERCENT`] % of the memory available when attnrt first asks
-//! (`MemAvailable` of `/proc/meminfo`, lowered to what a cgroup memory limit leaves): the rest
+//! (`MemAvailable` of `/proc/meminfo`, lowered to what a cgroup memory limit or an address-space
+//! limit, `ulimit -v`, leaves): the rest
 //! is headroom for what the estimate leaves out (the model's own weights, the kernels' scratch,
 //! other processes). Where neither can be read (not Linux), it is [`FALLBACK_BYTES`].
 
@@ -183,11 +184,46 @@ pub fn tensor_bytes(dims: impl IntoIterator<Item = u64>, item_size: u64) -> u64 
 }
 
 /// The memory available to this process: `MemAvailable`, lowered to the room a cgroup memory
-/// limit leaves (inside a container the cgroup mount is the container's own group).
+/// limit leaves (inside a container the cgroup mount is the container's own group) and to the
+/// room an address-space limit (`ulimit -v`) leaves.
 fn available_bytes() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let available = mem_available(&meminfo)?;
-    Some(cgroup_room().map_or(available, |room| available.min(room)))
+    Some(
+        [cgroup_room(), address_space_room()]
+            .into_iter()
+            .flatten()
+            .fold(available, u64::min),
+    )
+}
+
+/// `RLIMIT_AS` (`Max address space` of `/proc/self/limits`) less the address space this process
+/// maps already (`VmSize` of `/proc/self/status`); `None` when unlimited or unreadable.
+fn address_space_room() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    Some(address_space_limit(&limits)?.saturating_sub(vm_size(&status)?))
+}
+
+/// The soft limit of `Max address space` in a `/proc/self/limits` text, in bytes.
+fn address_space_limit(limits: &str) -> Option<u64> {
+    let rest = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max address space"))?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// `VmSize` of a `/proc/self/status` text, in bytes.
+fn vm_size(status: &str) -> Option<u64> {
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kib.saturating_mul(1024))
 }
 
 /// `MemAvailable` of a `/proc/meminfo` text, in bytes.
@@ -220,6 +256,25 @@ fn cgroup_room() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_space_limit_is_read_from_proc_self_limits() {
+        let header =
+            "Limit                     Soft Limit           Hard Limit           Units     \n";
+        let limited = format!(
+            "{header}Max data size             unlimited            unlimited            bytes     \n\
+             Max address space         4294967296           unlimited            bytes     \n"
+        );
+        assert_eq!(address_space_limit(&limited), Some(4 << 30));
+        let unlimited = format!(
+            "{header}Max address space         unlimited            unlimited            bytes     \n"
+        );
+        assert_eq!(address_space_limit(&unlimited), None);
+        assert_eq!(
+            vm_size("Name:\tx\nVmPeak:\t  9 kB\nVmSize:\t  2048 kB\n"),
+            Some(2 << 20)
+        );
+    }
 
     #[test]
     fn sizes_parse_with_binary_units() {

@@ -5,10 +5,13 @@
 //!   JSON (the `report` of `attnrt fuse --json`);
 //! - `session::Session`: a session on the fused (or original) model, serving every input
 //!   shape; `run` takes numpy arrays by name and releases the GIL while the model runs;
+//! - `generator::DecoderModel`, `generator::Generation`: a decoder with a KV cache and
+//!   generations on it, one step at a time (behind `attnrt.Model` and `attnrt.Generator`);
 //! - every error is an `attnrt.AttnrtError` carrying attnrt's one-line message (a panic inside
 //!   attnrt is caught by the runtime and reported the same way; none crosses into Python).
 
 mod convert;
+mod generator;
 mod session;
 mod signature;
 
@@ -37,6 +40,18 @@ create_exception!(
 /// Converts an attnrt error to the Python exception, keeping its whole chain on one line.
 pub(crate) fn py_err(e: anyhow::Error) -> PyErr {
     AttnrtError::new_err(format!("{e:#}"))
+}
+
+/// The memory budget of `max_memory=` (bytes, or a size such as `8G`), else the machine's
+/// default; its error tells the user to raise `max_memory=`.
+pub(crate) fn memory_budget(max_memory: Option<String>) -> PyResult<attnrt::MemoryBudget> {
+    let budget = match max_memory {
+        Some(size) => {
+            attnrt::MemoryBudget::parse(&size).map_err(|e| py_err(e.context("max_memory")))?
+        }
+        None => attnrt::MemoryBudget::machine_default(),
+    };
+    Ok(budget.raised_with("max_memory="))
 }
 
 /// A model given as a path (`str`/`os.PathLike`) or as the bytes of an ONNX file.
@@ -88,6 +103,8 @@ fn _attnrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fuse_model, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
     m.add_class::<session::Session>()?;
+    m.add_class::<generator::DecoderModel>()?;
+    m.add_class::<generator::Generation>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

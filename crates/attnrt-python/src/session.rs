@@ -3,10 +3,13 @@
 //! model's declared inputs (names, element types, ranks, fixed axes) before anything runs, and
 //! releases the GIL while the model runs, so several Python threads can run one session.
 
+use std::ffi::CString;
+
 use attnrt::{
     declared_inputs, dtype_name, DeclaredDim, DeclaredInput, MemoryBudget, ModelProto, NamedTensor,
     SessionOptions, Threads,
 };
+use pyo3::exceptions::PyUserWarning;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -39,12 +42,7 @@ impl Session {
         threads: Option<usize>,
         max_memory: Option<String>,
     ) -> PyResult<Session> {
-        let budget = match max_memory {
-            Some(size) => MemoryBudget::parse(&size)
-                .map_err(|e| py_err(e.context("max_memory")))?
-                .raised_with("max_memory="),
-            None => MemoryBudget::machine_default().raised_with("max_memory="),
-        };
+        let budget = crate::memory_budget(max_memory)?;
         let (proto, what) = load_model(model)?;
         py.detach(|| build(proto, &what, fuse, threads, budget))
             .map_err(py_err)
@@ -77,6 +75,9 @@ impl Session {
             tensors.push(NamedTensor { name, tensor });
         }
         check_feeds(&self.declared, &tensors).map_err(AttnrtError::new_err)?;
+        for note in dim_name_notes(&self.declared, &tensors) {
+            PyErr::warn(py, &py.get_type::<PyUserWarning>(), &CString::new(note)?, 1)?;
+        }
         let outputs = py
             .detach(|| self.session.run_owned(tensors))
             .map_err(py_err)?;
@@ -118,11 +119,19 @@ fn build(
     })
 }
 
-/// Every declared input fed once, with its element type, rank and fixed axes, and each
-/// symbolic axis (e.g. `sequence`) the same in every feed; no unknown name.
+/// Every declared input fed once, with its element type, rank and fixed axes; no unknown name.
+/// Symbolic axes (e.g. `sequence`) are only compared for a warning ([`dim_name_notes`]).
 fn check_feeds(declared: &[DeclaredInput], feeds: &[NamedTensor]) -> Result<(), String> {
-    check_names_types_ranks(declared, feeds)?;
+    check_names_types_ranks(declared, feeds)
+}
+
+/// Feeds whose sizes differ on an axis the model gives the same name: dim names are hints (a
+/// quantizer's `unk__N`, optimum's mask axis named like `input_ids'`), so the run goes on, as
+/// in ONNX Runtime, with a warning; feeds that really disagree fail in the node that combines
+/// them, named by the error.
+fn dim_name_notes(declared: &[DeclaredInput], feeds: &[NamedTensor]) -> Vec<String> {
     let mut bound: std::collections::HashMap<&str, (usize, &str)> = Default::default();
+    let mut notes = Vec::new();
     for d in declared {
         let Some(f) = feeds.iter().find(|f| f.name == d.name) else {
             continue;
@@ -133,15 +142,14 @@ fn check_feeds(declared: &[DeclaredInput], feeds: &[NamedTensor]) -> Result<(), 
             };
             let (m, other) = *bound.entry(s).or_insert((n, &d.name));
             if m != n {
-                let msg = format!("'{s}' = {m} from feed '{other}'");
-                return Err(format!(
-                    "feed '{}' has {n} on axis {axis}, but {msg}",
+                notes.push(format!(
+                    "feed '{}' has {n} on axis {axis}, where '{s}' = {m} from feed '{other}' (dim names are hints; running with the shapes given)",
                     d.name
                 ));
             }
         }
     }
-    Ok(())
+    notes
 }
 
 fn check_names_types_ranks(

@@ -16,7 +16,7 @@ use tract_onnx::tract_core::ops::array::Gather;
 use tract_onnx::tract_core::ops::cast::cast;
 use tract_onnx::tract_hir::internal::*;
 
-use crate::tract_parser::OnnxParser;
+use crate::tract_parser::{axis_in_rank, OnnxParser};
 
 /// The name under which [`CheckedGather`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtGather";
@@ -62,7 +62,7 @@ impl Expansion for GatherRows {
     ) -> InferenceResult {
         check_input_arity(inputs, 2)?;
         s.given(&inputs[0].rank, move |_, rank| {
-            axis_in(&self.node, self.axis, rank as usize).map(drop)
+            axis_in_rank("Gather", &self.node, self.axis, rank as usize, "its data").map(drop)
         })?;
         Expansion::rules(&*self.tract, s, inputs, outputs)
     }
@@ -74,7 +74,7 @@ impl Expansion for GatherRows {
         inputs: &[OutletId],
     ) -> TractResult<TVec<OutletId>> {
         let rank = model.outlet_fact(inputs[0])?.rank();
-        let axis = axis_in(&self.node, self.axis, rank)?;
+        let axis = axis_in_rank("Gather", &self.node, self.axis, rank, "its data")?;
         let indices = model.wire_node(
             format!("{prefix}.cast_to_i64"),
             cast(i64::datum_type()),
@@ -86,15 +86,6 @@ impl Expansion for GatherRows {
         };
         model.wire_node(prefix, op, &[inputs[0], indices])
     }
-}
-
-/// `axis` counted from 0 when inside `[-rank, rank)`, else the error ONNX's inference gives.
-fn axis_in(node: &str, axis: i64, rank: usize) -> TractResult<usize> {
-    let r = rank as i64;
-    if !(-r..r).contains(&axis) {
-        bail!("Gather node '{node}': axis {axis} is outside [-{r}, {r}), the rank of its data");
-    }
-    Ok(if axis < 0 { axis + r } else { axis } as usize)
 }
 
 /// tract's `Gather`, run after checking that every index lies in `[-n, n)` for the extent `n`

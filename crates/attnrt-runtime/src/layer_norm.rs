@@ -19,13 +19,28 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
 use crate::tensor::{f32_data, f32_data_mut};
-use crate::tract_parser::OnnxParser;
+use crate::tract_parser::{axis_in_rank, OnnxParser};
 
 /// The name under which [`LayerNormOp`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtLayerNorm";
 
+/// The name of the parsed node before wiring (`LayerNormRows`); with attnrt's ops off it is all
+/// of attnrt's a session has for the op, and it is gone from planned graphs.
+pub const CHECKED_NAME: &str = "AttnrtLayerNormalization";
+
 /// attnrt's `LayerNormalization` parser, wrapping tract's (registered by the op registry).
 pub(crate) static PARSER: OnnxParser = OnnxParser::new("LayerNormalization", parse);
+
+/// The same parser without [`LayerNormOp`]: the axis check in front of tract's expansion, for
+/// sessions that run tract's ops (an axis far outside X's rank must not reach tract's rules).
+pub(crate) static CHECKED_PARSER: OnnxParser = OnnxParser::new("LayerNormalization", parse_checked);
+
+fn parse_checked(
+    ctx: &ParsingContext,
+    node: &NodeProto,
+) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
+    parse_with(&CHECKED_PARSER, ctx, node, false)
+}
 
 /// tract's parse of the node, wrapped in [`LayerNormRows`], which checks the `axis` against X's
 /// rank before tract's shape rules see it (they do not end for an axis far outside it);
@@ -34,7 +49,16 @@ fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    let (op, extra, expansion) = PARSER.parse_as_tract(ctx, node)?;
+    parse_with(&PARSER, ctx, node, true)
+}
+
+fn parse_with(
+    parser: &'static OnnxParser,
+    ctx: &ParsingContext,
+    node: &NodeProto,
+    native: bool,
+) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
+    let (op, extra, expansion) = parser.parse_as_tract(ctx, node)?;
     let only_y = node.output.iter().skip(1).all(|o| o.is_empty());
     let stash = node
         .get_attr_opt::<DatumType>("stash_type")?
@@ -46,7 +70,7 @@ fn parse(
         node: node.name.clone(),
         axis: node.get_attr_opt("axis")?.unwrap_or(-1),
         epsilon: node.get_attr_opt("epsilon")?.unwrap_or(1e-5),
-        native: only_y && stash == DatumType::F32,
+        native: native && only_y && stash == DatumType::F32,
         tract: expansion,
     };
     Ok((expand(rows), extra))
@@ -66,7 +90,7 @@ struct LayerNormRows {
 
 impl Expansion for LayerNormRows {
     fn name(&self) -> StaticName {
-        "AttnrtLayerNormalization".into()
+        CHECKED_NAME.into()
     }
 
     fn nboutputs(&self) -> TractResult<usize> {
@@ -104,22 +128,10 @@ impl Expansion for LayerNormRows {
 }
 
 impl LayerNormRows {
-    /// The axis counted from 0 when inside `[-rank, rank)`, else the error ONNX's inference
-    /// gives.
+    /// The axis counted from 0 when inside `[-rank, rank)` of X, else the error ONNX's
+    /// inference gives.
     fn axis_from_0(&self, rank: usize) -> TractResult<usize> {
-        let r = rank as i64;
-        if !(-r..r).contains(&self.axis) {
-            bail!(
-                "LayerNormalization node '{}': axis {} is outside [-{r}, {r}), the rank of X",
-                self.node,
-                self.axis
-            );
-        }
-        Ok(if self.axis < 0 {
-            self.axis + r
-        } else {
-            self.axis
-        } as usize)
+        axis_in_rank("LayerNormalization", &self.node, self.axis, rank, "X")
     }
 
     /// [`LayerNormOp`] for these inputs, or `None` when it would not be exact.

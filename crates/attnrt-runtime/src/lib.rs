@@ -28,6 +28,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod divide;
 pub mod gather;
 pub mod gelu;
 mod guard;

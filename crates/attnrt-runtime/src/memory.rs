@@ -47,26 +47,15 @@ impl std::fmt::Display for ValueSize {
 /// convolution's padding tables) before a plan exists for [`PlanSizes::check`] to judge a run.
 /// Constants are left out (they are already in memory).
 pub fn check_typed_outputs(model: &TypedModel, budget: &MemoryBudget) -> Result<()> {
+    let known = SymbolValues::default();
     for node in model.nodes().iter().filter(|n| n.op.name() != "Const") {
-        for (slot, output) in node.outputs.iter().enumerate() {
-            let Some(shape) = output.fact.shape.as_concrete() else {
+        for slot in 0..node.outputs.len() {
+            let outlet = OutletId::new(node.id, slot);
+            // Only shapes known without the run's inputs: a symbol evaluates to nothing here.
+            let Some(value) = value_size(model, outlet, false, &known) else {
                 continue;
             };
-            let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-            let item = output.fact.datum_type.size_of() as u64;
-            budget.check(tensor_bytes(shape.iter().copied(), item), || {
-                let label = match model.outlet_label(OutletId::new(node.id, slot)) {
-                    Some(name) => format!("node '{}' output '{name}'", node.name),
-                    None => format!("node '{}' output {slot}", node.name),
-                };
-                let value = ValueSize {
-                    label,
-                    shape: shape.clone(),
-                    datum_type: output.fact.datum_type,
-                    bytes: 0,
-                };
-                value.to_string()
-            })?;
+            budget.check(value.bytes, || value.to_string())?;
         }
     }
     Ok(())

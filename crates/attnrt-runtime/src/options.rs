@@ -75,6 +75,8 @@ pub(crate) enum Switch {
     Always,
     /// [`SessionOptions::attnrt_ops`].
     AttnrtOps,
+    /// Not [`SessionOptions::attnrt_ops`]: what stands in for an `AttnrtOps` entry then.
+    TractOps,
     /// [`SessionOptions::pow_as_mul`].
     PowAsMul,
 }
@@ -85,6 +87,7 @@ impl Switch {
         match self {
             Switch::Always => true,
             Switch::AttnrtOps => options.attnrt_ops,
+            Switch::TractOps => !options.attnrt_ops,
             Switch::PowAsMul => options.pow_as_mul,
         }
     }

@@ -13,7 +13,7 @@
 
 use crate::options::{SessionOptions, Switch};
 use crate::tract_parser::OnnxParser;
-use crate::{attention, gather, gelu, layer_norm, projection};
+use crate::{attention, divide, gather, gelu, layer_norm, projection};
 
 /// What an op counts as in [`OpCounts`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +63,14 @@ pub(crate) static OPS: &[RuntimeOp] = &[
         counts_as: Counted::Other,
         switch: Switch::AttnrtOps,
     },
+    // Without attnrt's ops, LayerNormalization still gets its axis check in front of tract's
+    // expansion (nothing of attnrt's is left in the planned graph).
+    RuntimeOp {
+        name: layer_norm::CHECKED_NAME,
+        parsers: &[&layer_norm::CHECKED_PARSER],
+        counts_as: Counted::Other,
+        switch: Switch::TractOps,
+    },
     RuntimeOp {
         name: gelu::OP_NAME,
         parsers: &[&gelu::PARSER],
@@ -74,6 +82,14 @@ pub(crate) static OPS: &[RuntimeOp] = &[
     RuntimeOp {
         name: gather::OP_NAME,
         parsers: &[&gather::PARSER],
+        counts_as: Counted::Other,
+        switch: Switch::Always,
+    },
+    // Integer `Div` and `Mod` behind a check of their operands (tract's panic on a zero divisor
+    // or on `MIN / -1`): in every session, like the index check.
+    RuntimeOp {
+        name: divide::OP_NAME,
+        parsers: &[&divide::DIV, &divide::MOD],
         counts_as: Counted::Other,
         switch: Switch::Always,
     },
@@ -165,7 +181,6 @@ mod tests {
     #[test]
     fn every_op_is_named_once_and_every_onnx_op_type_parsed_by_one_op() {
         let mut names = HashSet::new();
-        let mut op_types = HashSet::new();
         for op in OPS {
             assert!(names.insert(op.name), "{} is named twice", op.name);
             assert!(
@@ -175,8 +190,18 @@ mod tests {
             );
             assert!(is_operation(op.name));
             assert!(!op.parsers.is_empty(), "{} has no parser", op.name);
-            for p in op.parsers {
-                assert!(op_types.insert(p.op_type), "{} is parsed twice", p.op_type);
+        }
+        // In any one session, one parser per op type.
+        for attnrt_ops in [true, false] {
+            let options = SessionOptions {
+                attnrt_ops,
+                ..SessionOptions::default()
+            };
+            let mut op_types = HashSet::new();
+            for op in OPS.iter().filter(|op| op.switch.is_on(&options)) {
+                for p in op.parsers {
+                    assert!(op_types.insert(p.op_type), "{} is parsed twice", p.op_type);
+                }
             }
         }
     }

@@ -236,6 +236,19 @@ impl Session {
     }
 
     /// Runs on the graph's inputs in order, moving them into tract.
+    /// Makes the plan that will serve inputs of these shapes and element types (the values of
+    /// `inputs` are not read), so that the run that needs it does not wait for it: e.g. the
+    /// decode steps' plan, made while a generation's prompt runs. Nothing is made when a plan
+    /// serves them already.
+    pub fn prepare(&self, inputs: &[NamedTensor]) -> Result<()> {
+        let used: Vec<&NamedTensor> = self
+            .inputs
+            .iter()
+            .map(|spec| self.find_input(inputs, &spec.name))
+            .collect::<Result<_>>()?;
+        self.plan_for(&used).map(drop)
+    }
+
     fn run_ordered(
         &self,
         ordered: Vec<NamedTensor>,

@@ -66,3 +66,21 @@ impl OnnxParser {
         Ok((op, extra, expansion))
     }
 }
+
+/// A node's `axis` attribute counted from 0 when inside `[-rank, rank)` of the input it indexes
+/// (`of`, e.g. "X"), else the error ONNX's shape inference gives, naming the node (`op_type`,
+/// `node`). Checked by attnrt's parsers before tract's shape rules see the axis (they do not end
+/// for an axis far outside the rank).
+pub(crate) fn axis_in_rank(
+    op_type: &str,
+    node: &str,
+    axis: i64,
+    rank: usize,
+    of: &str,
+) -> TractResult<usize> {
+    let r = rank as i64;
+    if !(-r..r).contains(&axis) {
+        bail!("{op_type} node '{node}': axis {axis} is outside [-{r}, {r}), the rank of {of}");
+    }
+    Ok(if axis < 0 { axis + r } else { axis } as usize)
+}

@@ -211,14 +211,21 @@ fn an_axis_outside_the_rank_is_an_error_naming_the_node() {
             tensor: Tensor::from_shape(&[2, 3, 4], &seeded_values(24, 1)).unwrap(),
         };
         let threads = Threads::new(Some(1)).unwrap();
-        let options = SessionOptions::per_shape();
-        let built = Session::build_with_options(&m, &[x], &threads, "ln.onnx", &options);
-        let err = format!("{:#}", built.err().expect("an axis outside the rank plans"));
-        assert!(err.contains("/encoder/LayerNorm"), "axis {axis}: {err}");
-        assert!(
-            err.contains(&format!("axis {axis} is outside [-3, 3)")),
-            "axis {axis}: {err}"
-        );
-        assert!(!err.contains("panic"), "axis {axis}: {err}");
+        // attnrt's ops on and off (`--matmul tract`: tract's expansion, the same check first)
+        for attnrt_ops in [true, false] {
+            let options = SessionOptions {
+                attnrt_ops,
+                ..SessionOptions::per_shape()
+            };
+            let built =
+                Session::build_with_options(&m, &[x.clone()], &threads, "ln.onnx", &options);
+            let err = format!("{:#}", built.err().expect("an axis outside the rank plans"));
+            assert!(err.contains("/encoder/LayerNorm"), "axis {axis}: {err}");
+            assert!(
+                err.contains(&format!("axis {axis} is outside [-3, 3)")),
+                "axis {axis} (attnrt ops {attnrt_ops}): {err}"
+            );
+            assert!(!err.contains("panic"), "axis {axis}: {err}");
+        }
     }
 }

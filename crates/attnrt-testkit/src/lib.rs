@@ -140,6 +140,17 @@ pub fn tensor_i64_1d(name: &str, values: &[i64]) -> TensorProto {
     tensor_i64(name, &[values.len() as i64], values)
 }
 
+/// An int8 initializer with `raw_data` (a quantized weight or zero point).
+pub fn tensor_i8(name: &str, dims: &[i64], values: &[i8]) -> TensorProto {
+    TensorProto {
+        name: name.to_string(),
+        dims: dims.to_vec(),
+        data_type: DataType::Int8 as i32,
+        raw_data: values.iter().map(|&v| v as u8).collect(),
+        ..Default::default()
+    }
+}
+
 /// A bool initializer with `raw_data` (one byte per element, as ONNX stores bools).
 pub fn tensor_bool(name: &str, dims: &[i64], values: &[bool]) -> TensorProto {
     TensorProto {

@@ -54,7 +54,7 @@ fn fused_decoders_generate_the_unfused_tokens_with_two_plans() {
         let fused = fuse(&original, &FusionOptions::default()).unwrap().model;
         let generator = Generator::new(&fused, Some(&original), &threads, &file).unwrap();
         let options = GenerationOptions {
-            prompt: vec![3, 14, 15, 92, 65],
+            prompts: vec![vec![3, 14, 15, 92, 65]],
             max_new_tokens: 6,
             eos_token: None,
             check: Some(tol),
@@ -73,6 +73,9 @@ fn fused_decoders_generate_the_unfused_tokens_with_two_plans() {
         );
         let pasts: Vec<usize> = report.steps.iter().map(|s| s.past).collect();
         assert_eq!(pasts, [0, 5, 6, 7, 8, 9], "{file}");
+        // the decode steps' plan was made while the prompt ran: no decode step plans
+        let planned: Vec<f64> = report.steps[1..].iter().map(|s| s.planning_ms).collect();
+        assert!(planned.iter().all(|&ms| ms == 0.0), "{file}: {planned:?}");
     }
 }
 
@@ -83,7 +86,7 @@ fn eos_stops_generation_and_keeps_the_token() {
     let threads = Threads::new(Some(1)).unwrap();
     let g = Generator::new(&model, None, &threads, file).unwrap();
     let mut options = GenerationOptions {
-        prompt: vec![1, 2, 3],
+        prompts: vec![vec![1, 2, 3]],
         max_new_tokens: 5,
         eos_token: None,
         check: None,
@@ -130,7 +133,7 @@ fn generation_stops_at_the_context_or_keeps_its_tokens_when_a_step_fails() {
     let g = Generator::new(&model, None, &threads, file).unwrap();
     assert_eq!(g.context().unwrap().positions, 128);
     let mut options = GenerationOptions {
-        prompt: vec![1, 2, 3],
+        prompts: vec![vec![1, 2, 3]],
         max_new_tokens: 10,
         eos_token: None,
         check: None,
@@ -154,7 +157,7 @@ fn generation_stops_at_the_context_or_keeps_its_tokens_when_a_step_fails() {
     );
     // Past the 128 rows of the table, tract fails inside the Gather: the tokens made before
     // are kept (the last position that fits, 127, gives one token more than the context).
-    options.prompt = (0..120).map(|i| i % 100).collect();
+    options.prompts = vec![(0..120).map(|i| i % 100).collect()];
     options.max_length = Some(130);
     let err = g.generate(&options, |_| {}).unwrap_err();
     let failed = err.downcast_ref::<GenerationFailed>().unwrap();
@@ -178,7 +181,7 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
         let threads = Threads::new(Some(threads)).unwrap();
         let g = Generator::new(&fused, Some(&original), &threads, file).unwrap();
         let options = GenerationOptions {
-            prompt: vec![3, 14, 15],
+            prompts: vec![vec![3, 14, 15]],
             max_new_tokens: 12,
             eos_token: None,
             check: Some(Tolerance {
@@ -206,7 +209,7 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
     let threads = Threads::new(Some(1)).unwrap();
     let g = Generator::new(&fused, None, &threads, file).unwrap();
     let greedy = GenerationOptions {
-        prompt: vec![3, 14, 15],
+        prompts: vec![vec![3, 14, 15]],
         max_new_tokens: 12,
         eos_token: None,
         check: None,
@@ -291,4 +294,92 @@ fn models_that_cannot_generate_are_refused_with_the_reason() {
         t.shape.as_mut().unwrap().dim[1].value = Some(Value::DimValue(99));
     }
     expect_refusal(&reshaped, "disagree");
+}
+
+/// Greedy options for `prompts`, no check.
+fn greedy(prompts: Vec<Vec<i64>>, max_new_tokens: usize) -> GenerationOptions {
+    GenerationOptions {
+        prompts,
+        max_new_tokens,
+        eos_token: None,
+        check: None,
+        max_length: None,
+        sampling: SamplingOptions::default(),
+    }
+}
+
+/// Issue 26 item 3: prompts of different lengths run as one batch, padded on the left (the
+/// padding rows' queries see no key: issue 25's fully masked rows), and each row's greedy tokens
+/// equal that prompt run alone; the fused batch equals the unfused one in lockstep.
+#[test]
+fn a_padded_batch_gives_each_row_the_tokens_of_its_prompt_alone() {
+    let threads = Threads::new(Some(2)).unwrap();
+    let prompts = vec![
+        vec![3, 14, 15],
+        vec![9, 2, 6, 5, 35, 89, 79],
+        vec![32, 38, 46, 26],
+    ];
+    for file in decoders() {
+        let original = load(&file);
+        let fused = fuse(&original, &FusionOptions::default()).unwrap().model;
+        let g = Generator::new(&fused, Some(&original), &threads, &file).unwrap();
+        let mut batch = greedy(prompts.clone(), 5);
+        batch.check = Some(Tolerance {
+            atol: 1e-4,
+            rtol: 1e-4,
+        });
+        let report = g.generate(&batch, |_| {}).unwrap();
+        assert_eq!(report.check_ok, Some(true), "{file}: {:#?}", report.steps);
+        assert_eq!(report.rows.len(), 3, "{file}");
+        for (row, prompt) in report.rows.iter().zip(&prompts) {
+            let alone = g
+                .generate(&greedy(vec![prompt.clone()], 5), |_| {})
+                .unwrap();
+            assert_eq!(row.prompt, *prompt, "{file}");
+            assert_eq!(row.tokens, alone.tokens, "{file}: prompt {prompt:?}");
+        }
+        assert_eq!(report.tokens, report.rows[0].tokens, "{file}");
+        // one plan for the prompt, one for every decode step, batch or not
+        assert_eq!(report.plans.built, 2, "{file}: {:?}", report.plans);
+    }
+}
+
+/// A row that makes the end-of-sequence token is finished: its tokens no longer change while
+/// the other rows go on; generation ends when every row has.
+#[test]
+fn rows_stop_at_their_own_eos() {
+    let file = &decoders()[0];
+    let model = load(file);
+    let threads = Threads::new(Some(1)).unwrap();
+    let g = Generator::new(&model, None, &threads, file).unwrap();
+    let prompts = vec![vec![1, 2, 3], vec![4, 5, 6, 7]];
+    let free = g.generate(&greedy(prompts.clone(), 6), |_| {}).unwrap();
+    let eos = free.rows[1].tokens[1];
+    let mut options = greedy(prompts, 6);
+    options.eos_token = Some(eos);
+    let r = g.generate(&options, |_| {}).unwrap();
+    let cut = |t: &[i64]| -> Vec<i64> {
+        match t.iter().position(|&x| x == eos) {
+            Some(i) => t[..=i].to_vec(),
+            None => t.to_vec(),
+        }
+    };
+    for (row, free_row) in r.rows.iter().zip(&free.rows) {
+        assert_eq!(row.tokens, cut(&free_row.tokens), "{file}");
+        let made_eos = row.tokens.last() == Some(&eos);
+        let want = if made_eos {
+            StopReason::Eos
+        } else {
+            StopReason::MaxNewTokens
+        };
+        assert_eq!(row.stopped, want, "{file}");
+    }
+    // the finished row chose nothing in the steps after its EOS
+    let done_at = r.rows[1].tokens.len();
+    for s in &r.steps[done_at..] {
+        assert_eq!(s.tokens[1], None, "{file}: step {}", s.step);
+    }
+    let no_prompt = greedy(vec![vec![1], vec![]], 2);
+    let err = g.generate(&no_prompt, |_| {}).unwrap_err().to_string();
+    assert!(err.contains("prompt 1 is empty"), "{err}");
 }

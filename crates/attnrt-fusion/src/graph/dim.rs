@@ -225,8 +225,9 @@ impl fmt::Display for MonomialText<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let Monomial { coef, syms } = self.0;
         let mut parts = Vec::new();
-        if coef.abs() != 1 || syms.is_empty() {
-            parts.push(coef.abs().to_string());
+        // unsigned: i64::MIN has no i64 absolute value
+        if coef.unsigned_abs() != 1 || syms.is_empty() {
+            parts.push(coef.unsigned_abs().to_string());
         }
         for (k, e) in syms {
             parts.push(if *e == 1 {
@@ -291,6 +292,13 @@ mod tests {
 
     fn s(n: &str) -> Dim {
         Dim::sym(n)
+    }
+
+    #[test]
+    fn extreme_sizes_print() {
+        // a hostile model's constant (seed 37 case 13680 overflowed `abs` here)
+        assert_eq!(Dim::known(i64::MIN).to_string(), "-9223372036854775808");
+        assert_eq!(Dim::known(i64::MAX).to_string(), "9223372036854775807");
     }
 
     #[test]

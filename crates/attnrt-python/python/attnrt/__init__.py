@@ -11,6 +11,9 @@ Shaped like onnxruntime, so swapping ``onnxruntime.InferenceSession`` for
     fused_bytes, report = attnrt.fuse("model.onnx")       # or fuse(..., output="fused.onnx")
     print(report.summary())                               # blocks fused, near misses and why
 
+    model = attnrt.Model("decoder.onnx")                  # generation, like onnxruntime-genai
+    tokens = attnrt.generate(model, [5, 9, 2], max_new_tokens=16)   # see attnrt.generation
+
 Errors are raised as :class:`AttnrtError` with attnrt's one-line message (the file, node or
 tensor named). A session serves any input shape it is given, and may be used from several
 threads at once: the GIL is released while a model runs.
@@ -25,7 +28,20 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from ._attnrt import AttnrtError, Session as _Session, __version__, fuse_model as _fuse_model
 from ._attnrt import write_atomic as _write_atomic
 
-__all__ = ["AttnrtError", "FusionReport", "InferenceSession", "NodeArg", "fuse", "__version__"]
+from .generation import Generator, GeneratorParams, Model, generate
+
+__all__ = [
+    "AttnrtError",
+    "FusionReport",
+    "Generator",
+    "GeneratorParams",
+    "InferenceSession",
+    "Model",
+    "NodeArg",
+    "fuse",
+    "generate",
+    "__version__",
+]
 
 ModelSource = Union[str, "os.PathLike[str]", bytes]
 

@@ -1,6 +1,7 @@
-//! Greedy generation with a decoder exported with its key/value cache: the prompt runs once
-//! with an empty past (the prefill), then one token per step, every present output fed back
-//! as the next step's past. One [`Session`] serves every step: the past length stays
+//! Generation with a decoder exported with its key/value cache: the prompt runs once with an
+//! empty past (the prefill), then one token per step, every present output fed back as the next
+//! step's past. Several prompts run as one batch, one row each, padded on the left
+//! ([`step`]); a row that made its end-of-sequence token is finished and no longer changes. One [`Session`] serves every step: the past length stays
 //! symbolic in its plans ([`ShapePolicy::DynamicDims`]), so a step costs the step.
 //!
 //! With a check, the original (unfused) graph runs in lockstep on its own session and its own
@@ -12,20 +13,24 @@
 //! fails keeps the tokens made before it ([`GenerationFailed`]).
 
 pub mod context;
+mod generation;
 pub mod sampling;
 mod signature;
 mod step;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use attnrt_onnx::ModelProto;
-use attnrt_runtime::{PlanStats, Session, SessionOptions, ShapePolicy, Threads};
+use attnrt_runtime::{NamedTensor, PlanStats, Session, SessionOptions, ShapePolicy, Threads};
 use serde::Serialize;
 
 use crate::harness::{OutputDiff, Tolerance};
 
 pub use context::ContextLimit;
+pub use generation::Generation;
+use generation::{Chooser, Rows};
 pub use sampling::{Sampler, SamplingOptions};
 pub use signature::{CacheSlot, DecoderSignature};
 use step::{last_logits, StepInputs};
@@ -33,11 +38,12 @@ use step::{last_logits, StepInputs};
 /// What to generate.
 #[derive(Clone, Debug)]
 pub struct GenerationOptions {
-    /// The prompt's token ids (at least one).
-    pub prompt: Vec<i64>,
+    /// The prompts' token ids, one row of the batch each (at least one prompt of at least one
+    /// token).
+    pub prompts: Vec<Vec<i64>>,
     /// How many tokens to generate after the prompt.
     pub max_new_tokens: usize,
-    /// Stop after this token (it is kept).
+    /// A row stops after this token (it is kept); generation stops when every row has.
     pub eos_token: Option<i64>,
     /// Run the reference graph in lockstep and compare logits under this tolerance.
     pub check: Option<Tolerance>,
@@ -54,8 +60,10 @@ pub struct GenerationOptions {
 pub enum StopReason {
     /// It made the tokens asked for.
     MaxNewTokens,
-    /// It made the end-of-sequence token.
+    /// It made the end-of-sequence token (every row, for a batch).
     Eos,
+    /// Its text reached a stop string (found by the caller: [`Generation::finish_row`]).
+    Stop,
     /// The prompt and the tokens made fill the context ([`GenerationReport::context`]).
     Context,
     /// A step failed ([`GenerationReport::error`]).
@@ -65,41 +73,59 @@ pub enum StopReason {
 /// The lockstep comparison of one step.
 #[derive(Clone, Debug, Serialize)]
 pub struct StepCheck {
-    /// The reference graph's token.
+    /// The reference graph's token for the first row.
     pub reference_token: i64,
+    /// The reference graph's token for each row still generating (`None`: finished).
+    pub reference_tokens: Vec<Option<i64>>,
     /// The logits comparison (fused vs reference).
     pub logits: OutputDiff,
-    /// Same token and logits within tolerance.
+    /// Same tokens in every row, and logits within tolerance.
     pub ok: bool,
 }
 
-/// One step: the token it produced and how long it took.
+/// One step: the tokens it produced and how long it took.
 #[derive(Clone, Debug, Serialize)]
 pub struct StepReport {
     /// 0 for the prefill, then 1, 2, …
     pub step: usize,
-    /// Tokens fed this step.
+    /// Tokens fed this step (per row).
     pub fed: usize,
     /// Past length this step.
     pub past: usize,
-    /// The token chosen.
+    /// The token the first row chose.
     pub token: i64,
+    /// The token each row chose (`None`: the row had finished).
+    pub tokens: Vec<Option<i64>>,
     /// Wall time of the model run, in milliseconds (the reference's not included).
     pub ms: f64,
-    /// Of that, the time spent making a plan for a shape the session had not seen (the
-    /// prompt, the first decode step), in milliseconds.
+    /// The time spent making plans while the step ran, in milliseconds: the prompt's plan, and
+    /// the decode steps' plan, made on its own thread alongside the prompt (so the prefill's
+    /// figure may exceed its wall time, and the decode steps' is 0).
     pub planning_ms: f64,
     /// The lockstep comparison, with a check.
     pub check: Option<StepCheck>,
 }
 
-/// The outcome of a generation.
+/// One row of a batch: its prompt, its tokens and why it ended.
 #[derive(Clone, Debug, Serialize)]
-pub struct GenerationReport {
+pub struct RowReport {
     /// The prompt.
     pub prompt: Vec<i64>,
     /// The generated tokens.
     pub tokens: Vec<i64>,
+    /// Why the row ended.
+    pub stopped: StopReason,
+}
+
+/// The outcome of a generation.
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerationReport {
+    /// The first row's prompt (the prompt, for a batch of one).
+    pub prompt: Vec<i64>,
+    /// The first row's generated tokens.
+    pub tokens: Vec<i64>,
+    /// Every row.
+    pub rows: Vec<RowReport>,
     /// Every step.
     pub steps: Vec<StepReport>,
     /// The prefill's time: prompt in, first token out (ms), planning included.
@@ -112,7 +138,7 @@ pub struct GenerationReport {
     pub plans: PlanStats,
     /// With a check: whether every step agreed.
     pub check_ok: Option<bool>,
-    /// Why it ended.
+    /// Why it ended (`Eos`: every row made it).
     pub stopped: StopReason,
     /// The context it ran within, when known.
     pub context: Option<ContextLimit>,
@@ -146,18 +172,12 @@ impl std::error::Error for GenerationFailed {
     }
 }
 
-/// What chooses a step's token: the sampler and the tokens seen so far (prompt and generated).
-struct Chooser<'a> {
-    sampler: &'a mut Sampler,
-    seen: &'a [i64],
-}
-
 /// A decoder ready to generate: its signature, its context, and a session (and a reference
 /// session for checks).
 pub struct Generator {
     signature: DecoderSignature,
     context: Option<ContextLimit>,
-    session: Session,
+    session: Arc<Session>,
     reference: Option<Session>,
 }
 
@@ -197,7 +217,7 @@ impl Generator {
         Ok(Generator {
             signature,
             context,
-            session,
+            session: Arc::new(session),
             reference,
         })
     }
@@ -212,72 +232,80 @@ impl Generator {
         self.context.as_ref()
     }
 
-    /// Generates (greedily or sampled, per `options.sampling`); `on_step` sees every step as it
-    /// completes (for progress). Stops at
-    /// the context (`options.max_length`, else the model's); a step that fails gives a
+    /// Generates (greedily or sampled, per `options.sampling`), every prompt as one row of a
+    /// batch; `on_step` sees every step as it completes (for progress). Stops at the context
+    /// (`options.max_length`, else the model's); a step that fails gives a
     /// [`GenerationFailed`] error holding the tokens made before it.
     pub fn generate(
         &self,
         options: &GenerationOptions,
         mut on_step: impl FnMut(&StepReport),
     ) -> Result<GenerationReport> {
-        let context = self.check_prompt(options)?;
-        let fits = |made: usize| {
-            context
-                .as_ref()
-                .is_none_or(|c| options.prompt.len() + made < c.positions)
-        };
-        let mut sampler = Sampler::new(options.sampling.clone())?;
-        let mut ours = StepInputs::prefill(&self.signature, &options.prompt)?;
-        let mut theirs = self.reference.as_ref().map(|_| ours.clone());
-        let mut steps = Vec::new();
-        let mut tokens = Vec::new();
-        let mut stopped = StopReason::MaxNewTokens;
-        while tokens.len() < options.max_new_tokens {
-            if !fits(tokens.len()) {
-                stopped = StopReason::Context;
-                break;
-            }
-            let seen = [options.prompt.as_slice(), &tokens].concat();
-            let chooser = Chooser {
-                sampler: &mut sampler,
-                seen: &seen,
-            };
-            let step = match self.step(steps.len(), &mut ours, theirs.as_mut(), chooser, options) {
-                Ok(step) => step,
+        let mut g = self.start(options)?;
+        loop {
+            match self.next_step(&mut g) {
+                Ok(Some(step)) => on_step(step),
+                Ok(None) => return Ok(self.report(&g)),
                 Err(error) => {
-                    let mut report =
-                        self.report(options, tokens, steps, StopReason::Error, context);
-                    report.error = Some(format!("{error:#}"));
+                    let report = self.report(&g);
                     return Err(GenerationFailed { report, error }.into());
                 }
-            };
-            on_step(&step);
-            let token = step.token;
-            steps.push(step);
-            tokens.push(token);
-            if options.eos_token == Some(token) {
-                stopped = StopReason::Eos;
-                break;
-            }
-            ours.advance(token);
-            if let Some(t) = theirs.as_mut() {
-                t.advance(token);
             }
         }
-        Ok(self.report(options, tokens, steps, stopped, context))
     }
 
-    /// Refuses a prompt that is empty, outside the vocabulary or longer than the context, and
-    /// returns the context the generation runs within.
-    fn check_prompt(&self, options: &GenerationOptions) -> Result<Option<ContextLimit>> {
-        if options.prompt.is_empty() {
-            bail!("the prompt is empty: give at least one token");
+    /// A generation of `options`, before its first step (the prompts checked, the prefill's
+    /// inputs ready); [`Generator::next_step`] runs its steps.
+    pub fn start(&self, options: &GenerationOptions) -> Result<Generation> {
+        let context = self.check_prompts(options)?;
+        let samplers = (0..options.prompts.len())
+            .map(|row| Sampler::for_row(options.sampling.clone(), row))
+            .collect::<Result<Vec<_>>>()?;
+        let ours = StepInputs::prefill(&self.signature, &options.prompts)?;
+        let theirs = self.reference.as_ref().map(|_| ours.clone());
+        let stopped = (options.max_new_tokens == 0).then_some(StopReason::MaxNewTokens);
+        Ok(Generation {
+            rows: Rows::new(&options.prompts),
+            options: options.clone(),
+            context,
+            samplers,
+            ours,
+            theirs,
+            steps: Vec::new(),
+            stopped,
+            error: None,
+            decode_plan: None,
+        })
+    }
+
+    /// Runs the next step of `g` (the prefill first): `None` once it has ended (it may end
+    /// here, at the context). A step that fails ends it with [`StopReason::Error`].
+    pub fn next_step<'g>(&self, g: &'g mut Generation) -> Result<Option<&'g StepReport>> {
+        if g.is_done() {
+            return Ok(None);
         }
-        if let Some(v) = self.signature.vocab {
-            if let Some(bad) = options.prompt.iter().find(|&&t| t < 0 || t as usize >= v) {
-                bail!("prompt token {bad} is outside the vocabulary [0, {v})");
+        if !g.fits() {
+            g.stopped = Some(StopReason::Context);
+            return Ok(None);
+        }
+        match self.step(g) {
+            Ok(step) => {
+                g.record(step);
+                Ok(g.steps.last())
             }
+            Err(e) => {
+                g.stopped = Some(StopReason::Error);
+                g.error = Some(format!("{e:#}"));
+                Err(e)
+            }
+        }
+    }
+
+    /// Refuses no prompt, a prompt that is empty, outside the vocabulary or longer than the
+    /// context, and returns the context the generation runs within.
+    fn check_prompts(&self, options: &GenerationOptions) -> Result<Option<ContextLimit>> {
+        if options.prompts.is_empty() {
+            bail!("no prompt: give at least one");
         }
         let context = match options.max_length {
             Some(positions) => Some(ContextLimit {
@@ -286,46 +314,53 @@ impl Generator {
             }),
             None => self.context.clone(),
         };
-        if let Some(c) = context
-            .as_ref()
-            .filter(|c| options.prompt.len() > c.positions)
-        {
-            bail!(
-                "the prompt's {} tokens do not fit {c}",
-                options.prompt.len()
-            );
+        for (row, prompt) in options.prompts.iter().enumerate() {
+            let which = if options.prompts.len() > 1 {
+                format!("prompt {row}")
+            } else {
+                "the prompt".to_string()
+            };
+            if prompt.is_empty() {
+                bail!("{which} is empty: give at least one token");
+            }
+            if let Some(v) = self.signature.vocab {
+                if let Some(bad) = prompt.iter().find(|&&t| t < 0 || t as usize >= v) {
+                    bail!("{which}: token {bad} is outside the vocabulary [0, {v})");
+                }
+            }
+            if let Some(c) = context.as_ref().filter(|c| prompt.len() > c.positions) {
+                bail!("{which}'s {} tokens do not fit {c}", prompt.len());
+            }
         }
         Ok(context)
     }
 
     /// Runs one step on both sessions; the cache of each moves forward with its own presents.
-    fn step(
-        &self,
-        index: usize,
-        ours: &mut StepInputs,
-        theirs: Option<&mut StepInputs>,
-        chooser: Chooser,
-        options: &GenerationOptions,
-    ) -> Result<StepReport> {
-        let (fed, past) = (ours.fed(), ours.past());
+    fn step(&self, g: &mut Generation) -> Result<StepReport> {
+        let (fed, past) = (g.ours.fed(), g.ours.past());
+        if g.steps.is_empty() && g.options.max_new_tokens > 1 {
+            g.decode_plan = Some(self.plan_decode_steps(g.ours.next_step_shapes(&self.signature)?));
+        } else if let Some(pending) = g.decode_plan.take() {
+            // a failed preparation leaves the step to plan (and report) for itself
+            let _ = pending.join();
+        }
         let planned_before = self.session.plan_stats().build_ms;
         let started = Instant::now();
-        let outputs = self.session.run_owned(ours.take_tensors()?)?;
+        let outputs = self.session.run_owned(g.ours.take_tensors()?)?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
         let planning_ms = self.session.plan_stats().build_ms - planned_before;
-        let logits = ours.take_outputs(&self.signature, outputs)?;
-        // The reference draws with the same state of the stream, so both see the same `u`.
-        let mut twin = chooser.sampler.clone();
-        let token = chooser
-            .sampler
-            .next_token(&last_logits(&logits)?, chooser.seen)?;
-        let check = match (theirs, &self.reference) {
+        let logits = g.ours.take_outputs(&self.signature, outputs)?;
+        let seen = g.rows.seen(&g.options.prompts);
+        // The reference draws with the same state of the streams, so both see the same `u`.
+        let mut twins = g.samplers.clone();
+        let tokens = Chooser::choose(&mut g.samplers, &seen, &last_logits(&logits)?)?;
+        let check = match (g.theirs.as_mut(), &self.reference) {
             (Some(t), Some(reference)) => {
                 let outputs = reference.run_owned(t.take_tensors()?)?;
                 let reference_logits = t.take_outputs(&self.signature, outputs)?;
-                let reference_token =
-                    twin.next_token(&last_logits(&reference_logits)?, chooser.seen)?;
-                let tol = options.check.unwrap_or_default();
+                let reference_tokens =
+                    Chooser::choose(&mut twins, &seen, &last_logits(&reference_logits)?)?;
+                let tol = g.options.check.unwrap_or_default();
                 let diff = crate::harness::diff_tensor(
                     &self.signature.logits,
                     &logits,
@@ -333,32 +368,41 @@ impl Generator {
                     tol,
                 );
                 Some(StepCheck {
-                    reference_token,
-                    ok: diff.ok && reference_token == token,
+                    reference_token: reference_tokens[0].unwrap_or(-1),
+                    ok: diff.ok && reference_tokens == tokens,
+                    reference_tokens,
                     logits: diff,
                 })
             }
             _ => None,
         };
         Ok(StepReport {
-            step: index,
+            step: g.steps.len(),
             fed,
             past,
-            token,
+            token: tokens[0].unwrap_or(-1),
+            tokens,
             ms,
             planning_ms,
             check,
         })
     }
 
-    fn report(
-        &self,
-        options: &GenerationOptions,
-        tokens: Vec<i64>,
-        steps: Vec<StepReport>,
-        stopped: StopReason,
-        context: Option<ContextLimit>,
-    ) -> GenerationReport {
+    /// Makes the decode steps' plan on its own thread, while the prompt runs: the first decode
+    /// step then costs its compute, not a plan (the past length is symbolic in that plan, so it
+    /// serves every later step too).
+    fn plan_decode_steps(&self, shapes: Vec<NamedTensor>) -> std::thread::JoinHandle<()> {
+        let session = Arc::clone(&self.session);
+        std::thread::spawn(move || {
+            let _ = session.prepare(&shapes);
+        })
+    }
+
+    /// The report of `g` so far (its tokens, steps and times, why it ended).
+    pub fn report(&self, g: &Generation) -> GenerationReport {
+        let stopped = g.stopped.unwrap_or(StopReason::MaxNewTokens);
+        let rows = g.rows.reports(&g.options.prompts, stopped);
+        let steps = g.steps.clone();
         let mut decode: Vec<f64> = steps
             .iter()
             .skip(1)
@@ -368,8 +412,9 @@ impl Generator {
         let decode_ms: f64 = decode.iter().sum();
         decode.sort_by(f64::total_cmp);
         GenerationReport {
-            prompt: options.prompt.clone(),
-            tokens,
+            prompt: rows[0].prompt.clone(),
+            tokens: rows[0].tokens.clone(),
+            rows,
             time_to_first_token_ms: steps.first().map_or(0.0, |s| s.ms),
             decode_tokens_per_s: (decode_ms > 0.0).then(|| decode.len() as f64 / decode_ms * 1e3),
             median_step_ms: (!decode.is_empty()).then(|| decode[decode.len() / 2]),
@@ -380,8 +425,8 @@ impl Generator {
                 .map(|_| steps.iter().all(|s| s.check.as_ref().is_some_and(|c| c.ok))),
             steps,
             stopped,
-            context,
-            error: None,
+            context: g.context.clone(),
+            error: g.error.clone(),
         }
     }
 }

@@ -90,6 +90,14 @@ impl Sampler {
         Ok(Sampler { options, rng })
     }
 
+    /// The sampler of row `row` of a batch: its own stream of draws (row 0's is
+    /// [`Sampler::new`]'s), so a row's tokens do not depend on the other rows.
+    pub fn for_row(options: SamplingOptions, row: usize) -> Result<Sampler> {
+        let mut sampler = Sampler::new(options)?;
+        sampler.rng.set_stream(row as u64);
+        Ok(sampler)
+    }
+
     /// The next token for one row of `logits`, given the tokens `seen` so far in that row.
     pub fn next_token(&mut self, logits: &[f32], seen: &[i64]) -> Result<i64> {
         let mut x = logits.to_vec();

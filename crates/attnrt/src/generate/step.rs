@@ -7,17 +7,28 @@ use attnrt_runtime::{DatumType, NamedTensor, Tensor};
 
 use super::DecoderSignature;
 
-/// The state of a generation between steps: the tokens to feed, the past length, the cache.
+/// The state of a generation between steps: the tokens to feed (one row per prompt, the same
+/// number in every row), the past length, each row's attention mask and positions, and the
+/// cache. Prompts of different lengths are padded on the left: the pads are masked out and the
+/// real tokens of every row keep the positions they have alone (transformers' convention:
+/// `position_ids = cumsum(attention_mask) - 1`, pads at 1).
 #[derive(Clone)]
 pub struct StepInputs {
-    tokens: Vec<i64>,
+    tokens: Vec<Vec<i64>>,
     past: usize,
+    /// Per row, the mask over every position fed so far and this step's.
+    mask_rows: Vec<Vec<i64>>,
+    /// Per row, the positions of this step's tokens.
+    position_rows: Vec<Vec<i64>>,
     cache: Vec<NamedTensor>,
     ids_type: i32,
     mask: Option<(String, i32)>,
     positions: Option<(String, i32)>,
     input_ids: String,
 }
+
+/// The token a pad position holds (masked out, so any id in the vocabulary does).
+const PAD: i64 = 0;
 
 fn datum(elem_type: i32) -> Result<DatumType> {
     Ok(match DataType::try_from(elem_type) {
@@ -33,15 +44,26 @@ fn datum(elem_type: i32) -> Result<DatumType> {
     })
 }
 
-/// A `[1, values.len()]` tensor of `elem_type` holding `values`.
-fn row(values: &[i64], elem_type: i32) -> Result<Tensor> {
-    let t = Tensor::from_shape(&[1, values.len()], values)?;
+/// A `[rows, len]` tensor of `elem_type` holding the rows (all of one length).
+fn rows(values: &[Vec<i64>], elem_type: i32) -> Result<Tensor> {
+    let len = values.first().map_or(0, Vec::len);
+    let t = Tensor::from_shape(&[values.len(), len], &values.concat())?;
     Ok(t.cast_to_dt(datum(elem_type)?)?.into_owned())
 }
 
 impl StepInputs {
-    /// The prefill: the whole prompt, an empty past.
-    pub fn prefill(sig: &DecoderSignature, prompt: &[i64]) -> Result<StepInputs> {
+    /// The prefill: every prompt (one row each, padded on the left to the longest), an empty
+    /// past. Prompts of different lengths need the model's attention mask and position ids.
+    pub fn prefill(sig: &DecoderSignature, prompts: &[Vec<i64>]) -> Result<StepInputs> {
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let ragged = prompts.iter().any(|p| p.len() != longest);
+        if ragged && (sig.attention_mask.is_none() || sig.position_ids.is_none()) {
+            bail!(
+                "prompts of different lengths are padded on the left, which needs a model that takes an attention mask and position ids; this one takes {}",
+                taken(sig)
+            );
+        }
+        let batch = prompts.len();
         let cache = sig
             .cache
             .iter()
@@ -49,13 +71,24 @@ impl StepInputs {
                 let dt = datum(c.elem_type)?;
                 Ok(NamedTensor {
                     name: c.past.clone(),
-                    tensor: Tensor::zero_dt(dt, &[1, c.heads, 0, c.head_size])?,
+                    tensor: Tensor::zero_dt(dt, &[batch, c.heads, 0, c.head_size])?,
                 })
             })
             .collect::<Result<_>>()?;
+        let padded = |p: &Vec<i64>, pad: i64, real: &dyn Fn(usize) -> i64| -> Vec<i64> {
+            let n = longest - p.len();
+            (0..longest)
+                .map(|i| if i < n { pad } else { real(i - n) })
+                .collect()
+        };
         Ok(StepInputs {
-            tokens: prompt.to_vec(),
+            tokens: prompts.iter().map(|p| padded(p, PAD, &|i| p[i])).collect(),
             past: 0,
+            mask_rows: prompts.iter().map(|p| padded(p, 0, &|_| 1)).collect(),
+            position_rows: prompts
+                .iter()
+                .map(|p| padded(p, 1, &|i| i as i64))
+                .collect(),
             cache,
             ids_type: sig.ids_type,
             mask: sig.attention_mask.clone(),
@@ -64,9 +97,14 @@ impl StepInputs {
         })
     }
 
-    /// Tokens fed this step.
-    pub fn fed(&self) -> usize {
+    /// Rows in the batch.
+    pub fn batch(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// Tokens fed this step (per row).
+    pub fn fed(&self) -> usize {
+        self.tokens.first().map_or(0, Vec::len)
     }
 
     /// Past length this step.
@@ -78,23 +116,56 @@ impl StepInputs {
     pub fn take_tensors(&mut self) -> Result<Vec<NamedTensor>> {
         let mut t = vec![NamedTensor {
             name: self.input_ids.clone(),
-            tensor: row(&self.tokens, self.ids_type)?,
+            tensor: rows(&self.tokens, self.ids_type)?,
         }];
-        let total = self.past + self.tokens.len();
         if let Some((name, ty)) = &self.mask {
             t.push(NamedTensor {
                 name: name.clone(),
-                tensor: row(&vec![1; total], *ty)?,
+                tensor: rows(&self.mask_rows, *ty)?,
             });
         }
         if let Some((name, ty)) = &self.positions {
-            let positions: Vec<i64> = (self.past as i64..total as i64).collect();
             t.push(NamedTensor {
                 name: name.clone(),
-                tensor: row(&positions, *ty)?,
+                tensor: rows(&self.position_rows, *ty)?,
             });
         }
         t.append(&mut self.cache);
+        Ok(t)
+    }
+
+    /// Inputs shaped like the first decode step's after this prefill (one token per row, a past
+    /// of this step's length), holding zeros and ones: what planning that step needs.
+    pub fn next_step_shapes(&self, sig: &DecoderSignature) -> Result<Vec<NamedTensor>> {
+        let (batch, past) = (self.batch(), self.past + self.fed());
+        let ones = vec![vec![1; past + 1]; batch];
+        let ids = vec![vec![PAD]; batch];
+        let mut t = vec![NamedTensor {
+            name: self.input_ids.clone(),
+            tensor: rows(&ids, self.ids_type)?,
+        }];
+        if let Some((name, ty)) = &self.mask {
+            let tensor = rows(&ones, *ty)?;
+            t.push(NamedTensor {
+                name: name.clone(),
+                tensor,
+            });
+        }
+        if let Some((name, ty)) = &self.positions {
+            let tensor = rows(&ids, *ty)?;
+            t.push(NamedTensor {
+                name: name.clone(),
+                tensor,
+            });
+        }
+        for c in &sig.cache {
+            let tensor =
+                Tensor::zero_dt(datum(c.elem_type)?, &[batch, c.heads, past, c.head_size])?;
+            t.push(NamedTensor {
+                name: c.past.clone(),
+                tensor,
+            });
+        }
         Ok(t)
     }
 
@@ -104,7 +175,8 @@ impl StepInputs {
         sig: &DecoderSignature,
         mut outputs: Vec<NamedTensor>,
     ) -> Result<Tensor> {
-        let total = self.past + self.tokens.len();
+        let (batch, fed) = (self.batch(), self.fed());
+        let total = self.past + fed;
         let mut take = |name: &str| -> Result<Tensor> {
             let at = outputs
                 .iter()
@@ -114,14 +186,13 @@ impl StepInputs {
         };
         for slot in &sig.cache {
             let present = take(&slot.present)?;
-            let want = [1, slot.heads, total, slot.head_size];
+            let want = [batch, slot.heads, total, slot.head_size];
             if present.shape() != want {
                 bail!(
-                    "output '{}' is {:?}, expected {want:?} (past {} + {} new)",
+                    "output '{}' is {:?}, expected {want:?} (past {} + {fed} new)",
                     slot.present,
                     present.shape(),
                     self.past,
-                    self.tokens.len()
                 );
             }
             self.cache.push(NamedTensor {
@@ -130,29 +201,54 @@ impl StepInputs {
             });
         }
         let logits = take(&sig.logits)?;
-        if logits.rank() != 3 || logits.shape()[..2] != [1, self.tokens.len()] {
+        if logits.rank() != 3 || logits.shape()[..2] != [batch, fed] {
             bail!(
-                "output '{}' is {:?}, expected [1, {}, vocab]",
+                "output '{}' is {:?}, expected [{batch}, {fed}, vocab]",
                 sig.logits,
                 logits.shape(),
-                self.tokens.len()
             );
         }
         Ok(logits)
     }
 
-    /// Moves to the next step, which feeds `token`.
-    pub fn advance(&mut self, token: i64) {
-        self.past += self.tokens.len();
-        self.tokens = vec![token];
+    /// Moves to the next step, which feeds one token per row (`tokens[row]`).
+    pub fn advance(&mut self, tokens: &[i64]) {
+        self.past += self.fed();
+        for (row, &token) in tokens.iter().enumerate() {
+            let next = self.position_rows[row].last().map_or(0, |&p| p + 1);
+            self.tokens[row] = vec![token];
+            self.mask_rows[row].push(1);
+            self.position_rows[row] = vec![next];
+        }
     }
 }
 
-/// The logits of the last position (of the last batch row), as f32.
-pub fn last_logits(logits: &Tensor) -> Result<Vec<f32>> {
+/// What a signature takes besides the ids and the cache, for errors.
+fn taken(sig: &DecoderSignature) -> String {
+    let names: Vec<&str> = [&sig.attention_mask, &sig.position_ids]
+        .into_iter()
+        .flatten()
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if names.is_empty() {
+        "neither".into()
+    } else {
+        format!("only '{}'", names.join("', '"))
+    }
+}
+
+/// The logits of the last position of every row, as f32.
+pub fn last_logits(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
     let f = logits.cast_to::<f32>()?;
     let view = f.to_plain_array_view::<f32>()?;
-    let vocab = *view.shape().last().context("logits have no axes")?;
+    let [rows, fed, vocab] = *view.shape() else {
+        bail!("logits are not [batch, sequence, vocab]");
+    };
     let data = view.as_slice().context("logits are not contiguous")?;
-    Ok(data[data.len().saturating_sub(vocab)..].to_vec())
+    Ok((0..rows)
+        .map(|r| {
+            let last = (r * fed + fed - 1) * vocab;
+            data[last..last + vocab].to_vec()
+        })
+        .collect())
 }

@@ -67,6 +67,9 @@ pub struct PreparedInputs {
     pub dims: BTreeMap<String, DimBinding>,
     /// Per input: where its value came from (file, random with bounds...).
     pub sources: Vec<(String, String)>,
+    /// What a user should know about the feeds: files whose shapes disagree on a dim name
+    /// (names are hints; the model runs with the files' shapes, as ONNX Runtime does).
+    pub notes: Vec<String>,
 }
 
 /// How a symbolic dimension got its value.
@@ -78,13 +81,86 @@ pub struct DimBinding {
     pub from: String,
 }
 
-/// The default for a symbolic dim nobody bound: 1 for batch-like names, 16 otherwise.
+/// The default for a symbolic dim nobody bound: 1 for batch-like names, 0 for a cache's past
+/// length (a decoder's first step: the cache is empty), 16 otherwise.
 fn default_dim(name: &str) -> usize {
     let lower = name.to_ascii_lowercase();
     if lower.contains("batch") || lower == "b" || lower == "n" {
         1
+    } else if is_past(&lower) {
+        0
     } else {
         16
+    }
+}
+
+fn is_past(lower: &str) -> bool {
+    lower.contains("past") && !lower.contains('+')
+}
+
+/// The default of a dim that sums others, once those are bound: `past + sequence` written out
+/// (`past_sequence_length + sequence_length`, as optimum names a mask's axis), or a `total`
+/// length (`total_sequence`) when the model has one past and one other sequence dim. A cache
+/// model's mask then covers the cache and the new tokens, as the model computes it.
+fn derived_dim(
+    name: &str,
+    symbols: &[String],
+    bound: &BTreeMap<String, DimBinding>,
+) -> Option<usize> {
+    let value = |s: &str| bound.get(s.trim()).map(|b| b.value);
+    if name.contains('+') {
+        return name
+            .split('+')
+            .map(|t| value(t).or_else(|| t.trim().parse().ok()))
+            .sum();
+    }
+    if !name.to_ascii_lowercase().contains("total") {
+        return None;
+    }
+    let lower = |s: &String| s.to_ascii_lowercase();
+    let pasts: Vec<&String> = symbols.iter().filter(|s| is_past(&lower(s))).collect();
+    let news: Vec<&String> = symbols
+        .iter()
+        .filter(|s| {
+            let l = lower(s);
+            l.contains("seq") && !is_past(&l) && !l.contains("total") && !l.contains('+')
+        })
+        .collect();
+    match (&pasts[..], &news[..]) {
+        ([past], [new]) => Some(value(past)? + value(new)?),
+        _ => None,
+    }
+}
+
+/// Binds every symbolic dim no flag or file bound: [`default_dim`], then the dims that sum
+/// others ([`derived_dim`]).
+fn bind_defaults(symbols: &[String], bindings: &mut BTreeMap<String, DimBinding>) {
+    let unbound: Vec<&String> = symbols
+        .iter()
+        .filter(|s| !bindings.contains_key(*s))
+        .collect();
+    let mut derived = Vec::new();
+    for s in unbound {
+        let sums = s.contains('+') || s.to_ascii_lowercase().contains("total");
+        if sums {
+            derived.push(s);
+            continue;
+        }
+        let value = default_dim(s);
+        bindings.insert(
+            s.clone(),
+            DimBinding {
+                value,
+                from: "default".into(),
+            },
+        );
+    }
+    for s in derived {
+        let (value, from) = match derived_dim(s, symbols, bindings) {
+            Some(v) => (v, "default: the sum of the dims it names".to_string()),
+            None => (default_dim(s), "default".to_string()),
+        };
+        bindings.insert(s.clone(), DimBinding { value, from });
     }
 }
 
@@ -95,17 +171,13 @@ pub fn prepare_inputs(model: &ModelProto, options: &InputOptions) -> Result<Prep
     let mut bindings = flag_bindings(options, &symbols)?;
     // Values from files first: they fix symbolic dims for the random ones.
     let mut from_files = read_input_files(&declared, options)?;
+    let mut notes = Vec::new();
     for decl in &declared {
         if let Some((t, what)) = from_files.get(&decl.name) {
-            bind_file_shape(decl, t.shape(), what, &mut bindings)?;
+            notes.extend(bind_file_shape(decl, t.shape(), what, &mut bindings)?);
         }
     }
-    for s in &symbols {
-        bindings.entry(s.clone()).or_insert_with(|| DimBinding {
-            value: default_dim(s),
-            from: "default".into(),
-        });
-    }
+    bind_defaults(&symbols, &mut bindings);
 
     check_memory(&declared, &bindings, &from_files, &options.budget)?;
     let mut rng = ChaCha8Rng::seed_from_u64(options.seed);
@@ -126,6 +198,7 @@ pub fn prepare_inputs(model: &ModelProto, options: &InputOptions) -> Result<Prep
         tensors,
         dims: bindings,
         sources,
+        notes,
     })
 }
 
@@ -294,13 +367,15 @@ fn read_npz_inputs(
     Ok(())
 }
 
-/// Checks a file tensor's shape against the declaration, binding its symbolic dims.
+/// Checks a file tensor's shape against the declaration (its rank and fixed dims), binding its
+/// symbolic dims; a symbolic dim another file bound to another size is a note, not an error.
 fn bind_file_shape(
     decl: &DeclaredInput,
     shape: &[usize],
     what: &str,
     bindings: &mut BTreeMap<String, DimBinding>,
-) -> Result<()> {
+) -> Result<Vec<String>> {
+    let mut notes = Vec::new();
     if shape.len() != decl.dims.len() {
         bail!(
             "{what}: input '{}' has shape {shape:?} (rank {}), the model expects rank {} ({})",
@@ -319,12 +394,12 @@ fn bind_file_shape(
             ),
             DeclaredDim::Fixed(_) => {}
             DeclaredDim::Symbol(s) => match bindings.get(s) {
-                Some(b) if b.value != n => bail!(
-                    "{what}: input '{}' has shape {shape:?}, but dimension '{s}' (axis {axis}) is {} from {}",
+                Some(b) if b.value != n => notes.push(format!(
+                    "{what}: input '{}' has shape {shape:?}, where dimension '{s}' (axis {axis}) is {} from {}; dim names are hints, the run uses the shapes given",
                     decl.name,
                     b.value,
                     b.from
-                ),
+                )),
                 Some(_) => {}
                 None => {
                     let from = what.to_string();
@@ -333,7 +408,7 @@ fn bind_file_shape(
             },
         }
     }
-    Ok(())
+    Ok(notes)
 }
 
 /// A seeded random value for `decl` at the bound dims, and how it was made.
@@ -531,5 +606,69 @@ mod tests {
         assert_eq!(default_dim("batch"), 1);
         assert_eq!(default_dim("batch_size"), 1);
         assert_eq!(default_dim("sequence"), 16);
+        assert_eq!(default_dim("past_sequence_length"), 0);
+    }
+
+    fn defaults(symbols: &[&str], given: &[(&str, usize)]) -> Vec<(String, usize)> {
+        let symbols: Vec<String> = symbols.iter().map(|s| s.to_string()).collect();
+        let mut b: BTreeMap<String, DimBinding> = given
+            .iter()
+            .map(|&(s, v)| {
+                (
+                    s.to_string(),
+                    DimBinding {
+                        value: v,
+                        from: "--dim".into(),
+                    },
+                )
+            })
+            .collect();
+        bind_defaults(&symbols, &mut b);
+        b.into_iter().map(|(k, v)| (k, v.value)).collect()
+    }
+
+    #[test]
+    fn a_cache_models_mask_covers_the_past_and_the_new_tokens() {
+        let pairs = |v: &[(&str, usize)]| -> Vec<(String, usize)> {
+            v.iter().map(|&(s, n)| (s.to_string(), n)).collect()
+        };
+        // attnrt's exports: total_sequence
+        let syms = ["batch", "sequence", "past_sequence", "total_sequence"];
+        assert_eq!(
+            defaults(&syms, &[]),
+            pairs(&[
+                ("batch", 1),
+                ("past_sequence", 0),
+                ("sequence", 16),
+                ("total_sequence", 16)
+            ])
+        );
+        assert_eq!(
+            defaults(&syms, &[("past_sequence", 5), ("sequence", 3)]),
+            pairs(&[
+                ("batch", 1),
+                ("past_sequence", 5),
+                ("sequence", 3),
+                ("total_sequence", 8)
+            ])
+        );
+        // optimum's: the sum written out
+        let syms = [
+            "batch_size",
+            "sequence_length",
+            "past_sequence_length",
+            "past_sequence_length + 1",
+        ];
+        assert_eq!(
+            defaults(&syms, &[("past_sequence_length", 7)]),
+            pairs(&[
+                ("batch_size", 1),
+                ("past_sequence_length", 7),
+                ("past_sequence_length + 1", 8),
+                ("sequence_length", 16)
+            ])
+        );
+        // a total with no past to sum: the plain default
+        assert_eq!(defaults(&["total"], &[]), pairs(&[("total", 16)]));
     }
 }

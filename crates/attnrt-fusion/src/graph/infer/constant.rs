@@ -86,7 +86,10 @@ pub(super) fn range(f: &mut Facts, n: &NodeProto) {
     };
     let len = match (start.as_known(), limit.as_known(), delta.as_known()) {
         (Some(0), _, Some(1)) => limit,
-        (Some(a), Some(b), Some(d)) if d != 0 => Dim::known(((b - a + d - d.signum()) / d).max(0)),
+        (Some(a), Some(b), Some(d)) if d != 0 => match range_len(a, b, d) {
+            Some(len) => Dim::known(len),
+            None => return,
+        },
         // `Range(P, P + L, 1)` (a decoder's positions): the difference, when it cannot be
         // negative.
         (_, _, Some(1)) => match limit.sub(&start) {
@@ -140,4 +143,27 @@ pub(super) fn constant_of_shape(f: &mut Facts, n: &NodeProto) {
         Some(shape.iter().map(|&d| Dim::known(d)).collect()),
         v,
     );
+}
+
+/// The number of elements of `Range(a, b, d)`, `max(ceil((b - a) / d), 0)`, when it fits an
+/// i64 (a hostile model's bounds may not).
+fn range_len(a: i64, b: i64, d: i64) -> Option<i64> {
+    let span = i128::from(b) - i128::from(a);
+    let d = i128::from(d);
+    let len = (span + d - d.signum()) / d;
+    i64::try_from(len.max(0)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::range_len;
+
+    #[test]
+    fn range_lengths_round_up_and_never_overflow() {
+        assert_eq!(range_len(0, 10, 3), Some(4));
+        assert_eq!(range_len(10, 0, -3), Some(4));
+        assert_eq!(range_len(5, 0, 1), Some(0));
+        assert_eq!(range_len(i64::MIN, i64::MAX, 1), None);
+        assert_eq!(range_len(i64::MIN, i64::MAX, i64::MAX), Some(3));
+    }
 }

@@ -10,18 +10,22 @@ use crate::graph::value::Value;
 
 /// `MatMul`: broadcast batch dims, then `[.., M, K]·[.., K, N] = [.., M, N]`.
 pub(super) fn matmul(f: &mut Facts, n: &NodeProto) {
-    let (Some(a), Some(b)) = (f.in_shape(n, 0), f.in_shape(n, 1)) else {
-        return;
-    };
-    if a.len() < 2 || b.len() < 2 {
-        return;
-    }
-    if let Some(mut s) = broadcast(&a[..a.len() - 2], &b[..b.len() - 2]) {
-        s.push(a[a.len() - 2].clone());
-        s.push(b[b.len() - 1].clone());
+    if let Some(s) = matmul_shape(f, n) {
         f.copy_type(n);
         f.set(n, 0, Some(s), None);
     }
+}
+
+/// The output shape of a `MatMul` (or `MatMulInteger`) of inputs 0 and 1 of `n`.
+pub(super) fn matmul_shape(f: &Facts, n: &NodeProto) -> Option<Vec<Dim>> {
+    let (a, b) = (f.in_shape(n, 0)?, f.in_shape(n, 1)?);
+    if a.len() < 2 || b.len() < 2 {
+        return None;
+    }
+    let mut s = broadcast(&a[..a.len() - 2], &b[..b.len() - 2])?;
+    s.push(a[a.len() - 2].clone());
+    s.push(b[b.len() - 1].clone());
+    Some(s)
 }
 
 /// `Gemm(transA, transB)` on 2-D inputs.

@@ -3,9 +3,10 @@
 //!
 //! - [`constant`]: `Constant`, `ConstantOfShape`, `Shape`, `Range`, `Cast`, `Identity`;
 //! - [`elementwise`]: unary ops, broadcasting binary ops and their arithmetic on known values;
-//! - [`shape_ops`]: `Reshape`, `Transpose`, `(Un)Squeeze`, `Expand`, `Flatten`;
+//! - [`shape_ops`]: `Reshape`, `Transpose`, `(Un)Squeeze`, `Expand`, `Tile`, `Flatten`;
 //! - [`indexing`]: `Concat`, `Gather`, `Slice`, `Pad`, `Split`;
-//! - [`linalg`]: `MatMul`, `Gemm`, `Conv`, `Reduce*`, `Gather{Elements,ND}`, `Attention`.
+//! - [`linalg`]: `MatMul`, `Gemm`, `Conv`, `Reduce*`, `Gather{Elements,ND}`, `Attention`;
+//! - [`quantize`]: `(Dynamic)QuantizeLinear`, `DequantizeLinear`, `MatMulInteger`.
 //!
 //! [`rule_for`] is the one table from op type to its function; an op without one leaves its
 //! outputs to what the graph declares.
@@ -15,6 +16,7 @@ mod elementwise;
 mod facts;
 mod indexing;
 mod linalg;
+mod quantize;
 mod shape_ops;
 
 use std::collections::HashMap;
@@ -83,6 +85,7 @@ fn rule_for(op: &str) -> Option<Rule> {
         "Slice" => indexing::slice,
         "Pad" => indexing::pad,
         "Expand" => shape_ops::expand,
+        "Tile" => shape_ops::tile,
         "Flatten" => shape_ops::flatten,
         "Split" => indexing::split,
         "MatMul" => linalg::matmul,
@@ -93,6 +96,10 @@ fn rule_for(op: &str) -> Option<Rule> {
         "GatherElements" => linalg::gather_elements,
         "GatherND" => linalg::gather_nd,
         "Attention" => linalg::attention,
+        "QuantizeLinear" => quantize::quantize_linear,
+        "DequantizeLinear" => quantize::dequantize_linear,
+        "DynamicQuantizeLinear" => quantize::dynamic_quantize_linear,
+        "MatMulInteger" => quantize::matmul_integer,
         _ => return None,
     })
 }

@@ -152,6 +152,21 @@ pub(super) fn expand(f: &mut Facts, n: &NodeProto) {
     f.set(n, 0, out, None);
 }
 
+/// `Tile(x, repeats)`: each dim times its repeat count (Whisper's decoder tiles its position
+/// ids over the batch).
+pub(super) fn tile(f: &mut Facts, n: &NodeProto) {
+    let (Some(s), Some(Value::Ints(_, repeats))) = (f.in_shape(n, 0), f.in_value(n, 1).cloned())
+    else {
+        return;
+    };
+    if repeats.len() != s.len() {
+        return;
+    }
+    let out: Option<Vec<Dim>> = s.iter().zip(&repeats).map(|(d, r)| d.mul(r)).collect();
+    f.copy_type(n);
+    f.set(n, 0, out, None);
+}
+
 /// `Flatten(axis)`: `[Π dims before axis, Π dims from axis]`.
 pub(super) fn flatten(f: &mut Facts, n: &NodeProto) {
     let Some(s) = f.in_shape(n, 0) else { return };

@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Models as people download them: exported by optimum (Hugging Face's exporter), not by
+torch.onnx.export directly. The sibling of ``models/export.py`` for that tool chain (issue 25).
+
+Run by hand, in a venv with optimum-onnx (it pins transformers 4.57, so not export.py's venv;
+torch can be shared through a .pth file pointing at another venv's site-packages)::
+
+    python3 -m venv ../optimum-venv && ../optimum-venv/bin/pip install optimum-onnx onnxruntime
+    ../optimum-venv/bin/python models/optimum_export.py
+
+Models (seeded random weights from a tiny config; nothing downloaded):
+
+* ``whisper_optimum``: ``WhisperForConditionalGeneration`` (d_model 64, 2 + 2 layers, 4 heads,
+  16 mel bins, vocabulary 100), ``optimum-cli export onnx --task
+  automatic-speech-recognition-with-past``. Shipped: ``whisper_optimum.decoder.onnx`` (no past:
+  the self-attention cache and the cross-attention keys/values as outputs) and
+  ``whisper_optimum.decoder_with_past.onnx`` (self-attention cache in, cross-attention keys and
+  values computed once by the first step and fed as inputs). Not shipped: the encoder (1500
+  positions of 3000 frames: a 0.7 MB file that covers nothing the shipped encoders do not) and
+  ``decoder_model_merged.onnx`` (its blocks sit inside an ``If``; issue 25 item 2).
+
+Each file gets saved cases (inputs, and PyTorch's outputs) and a manifest entry in export.py's
+schema, marked ``"generated_by": "models/optimum_export.py"``; export.py keeps such entries and
+their files when it rewrites the manifest. Every case is run in ONNX Runtime (graph
+optimizations off) against PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+MODELS_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(MODELS_DIR))
+from export import analyse, dims_of, sha256  # noqa: E402  (after the path above)
+from metadata_paths import scrub_model  # noqa: E402
+
+GENERATED_BY = "models/optimum_export.py"
+LAYERS, HEADS, HEAD = 2, 4, 16
+
+
+def whisper(dest: Path) -> Path:
+    """The tiny Whisper, saved as a transformers checkpoint under `dest`."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(25)
+    cfg = WhisperConfig(
+        vocab_size=100, num_mel_bins=16, encoder_layers=LAYERS, decoder_layers=LAYERS,
+        encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, d_model=HEADS * HEAD,
+        encoder_ffn_dim=128, decoder_ffn_dim=128, max_source_positions=1500,
+        max_target_positions=64, decoder_start_token_id=1, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = WhisperForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # LayerNorms start at 1 and 0: move them off the trivial values
+        for name, p in model.named_parameters():
+            if "layer_norm" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    path = dest / "whisper_tiny_random"
+    model.save_pretrained(path)
+    return path
+
+
+def optimum_export(checkpoint: Path, out: Path) -> None:
+    subprocess.run(
+        ["optimum-cli", "export", "onnx", "--model", str(checkpoint), "--task",
+         "automatic-speech-recognition-with-past", str(out)],
+        check=True,
+    )
+
+
+def torch_decoder(model, ids, encoder_states, past=None):
+    """PyTorch's logits and caches for one decoder step: `past` is per layer (self k, self v,
+    cross k, cross v) or None (the first step computes the cross-attention keys and values)."""
+    from transformers.cache_utils import EncoderDecoderCache
+
+    cache = EncoderDecoderCache.from_legacy_cache(past) if past is not None else None
+    with torch.no_grad():
+        out = model.model.decoder(input_ids=torch.from_numpy(ids),
+                                  encoder_hidden_states=torch.from_numpy(encoder_states),
+                                  past_key_values=cache, use_cache=True)
+        logits = model.proj_out(out.last_hidden_state)
+    legacy = out.past_key_values.to_legacy_cache()
+    return logits.numpy(), [[t.numpy() for t in layer] for layer in legacy]
+
+
+def cases(model, rng: np.random.Generator) -> dict[str, list[tuple[str, dict, dict]]]:
+    """Per shipped file, its cases: (name, inputs, PyTorch's outputs by output name)."""
+    batch, enc = 2, 12
+    states = rng.standard_normal((batch, enc, HEADS * HEAD)).astype(np.float32)
+    prompt = rng.integers(3, 100, (batch, 4)).astype(np.int64)
+    logits, layers = torch_decoder(model, prompt, states)
+    first = {"logits": logits}
+    for i, (sk, sv, ck, cv) in enumerate(layers):
+        first |= {f"present.{i}.decoder.key": sk, f"present.{i}.decoder.value": sv,
+                  f"present.{i}.encoder.key": ck, f"present.{i}.encoder.value": cv}
+    step_ids = rng.integers(3, 100, (batch, 1)).astype(np.int64)
+    feeds = {"input_ids": step_ids}
+    for i, (sk, sv, ck, cv) in enumerate(layers):
+        feeds |= {f"past_key_values.{i}.decoder.key": sk, f"past_key_values.{i}.decoder.value": sv,
+                  f"past_key_values.{i}.encoder.key": ck, f"past_key_values.{i}.encoder.value": cv}
+    logits, after = torch_decoder(model, step_ids, states, past=tuple(tuple(map(torch.from_numpy, l)) for l in layers))
+    second = {"logits": logits}
+    for i, (sk, sv, _, _) in enumerate(after):
+        second |= {f"present.{i}.decoder.key": sk, f"present.{i}.decoder.value": sv}
+    return {
+        "decoder": [("prefill", {"input_ids": prompt, "encoder_hidden_states": states}, first)],
+        "decoder_with_past": [("decode_p4_n1", feeds, second)],
+    }
+
+
+def max_diff(path: Path, inputs: dict, want: dict) -> float:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    got = dict(zip(names, sess.run(None, inputs)))
+    return max(float(np.abs(got[k] - v).max()) for k, v in want.items())
+
+
+def entry(name: str, path: Path, case_list: list, diffs: list[float], semantic: list[str]) -> dict:
+    """The manifest entry of `path`, in export.py's schema; every Softmax is one attention block
+    (self- and cross-attention alike)."""
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model, full_check=True)
+    a = analyse(model)
+    _, first_inputs, first_outputs = case_list[0]
+    cases_json = [{"name": c, "inputs_npz": f"{name}.{c}.inputs.npz",
+                   "outputs_npz": f"{name}.{c}.outputs.npz",
+                   "input_shapes": {k: list(v.shape) for k, v in inp.items()},
+                   "ort_vs_torch_max_abs": d}
+                  for (c, inp, _), d in zip(case_list, diffs)]
+    values = [*model.graph.input, *model.graph.output]
+    return {
+        "file": path.name, "model": name, "exporter": "optimum",
+        "generated_by": GENERATED_BY,
+        "opset": next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+        "source": "transformers.WhisperForConditionalGeneration via optimum-cli export onnx "
+                  "--task automatic-speech-recognition-with-past",
+        "family": "whisper", "attn_implementation": None,
+        "size_bytes": path.stat().st_size, "sha256": sha256(path),
+        "inputs": [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape)}
+                   for k, v in first_inputs.items()],
+        "outputs": [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape)}
+                    for k, v in first_outputs.items()],
+        "dynamic_dims": {vi.name: {str(k): d for k, d in enumerate(dims_of(vi)) if isinstance(d, str)}
+                         for vi in values},
+        "graph_shapes": {vi.name: dims_of(vi) for vi in values},
+        "inputs_npz": cases_json[0]["inputs_npz"], "outputs_npz": cases_json[0]["outputs_npz"],
+        "cases": cases_json,
+        "attention_blocks": a["softmax_nodes"],
+        "softmax_nodes": a["softmax_nodes"],
+        "attention_ops": a["attention_ops"],
+        "node_count": a["node_count"],
+        "tags": sorted(set(semantic) | set(a["graph_tags"])),
+        "semantic_tags": sorted(semantic),
+        "graph_tags": a["graph_tags"],
+        "blocks": a["blocks"],
+        "checker": "ok",
+        "ort_vs_torch_max_abs": max(diffs),
+        "external_data": False,
+    }
+
+
+def main() -> int:
+    import transformers
+    from transformers import WhisperForConditionalGeneration
+
+    manifest_path = MODELS_DIR / "manifest.json"
+    doc = json.loads(manifest_path.read_text())
+    entries = []
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = whisper(Path(tmp))
+        out = Path(tmp) / "onnx"
+        optimum_export(checkpoint, out)
+        model = WhisperForConditionalGeneration.from_pretrained(checkpoint).eval()
+        per_file = cases(model, np.random.default_rng(25))
+        for part, case_list in per_file.items():
+            name = f"whisper_optimum.{part}"
+            dest = MODELS_DIR / f"{name}.onnx"
+            onnx_model = onnx.load(str(out / f"{part}_model.onnx"))
+            scrub_model(onnx_model)
+            onnx.save(onnx_model, str(dest))
+            diffs = []
+            for case, inputs, want in case_list:
+                np.savez(MODELS_DIR / f"{name}.{case}.inputs.npz", **inputs)
+                np.savez(MODELS_DIR / f"{name}.{case}.outputs.npz", **want)
+                diffs.append(max_diff(dest, inputs, want))
+                print(f"{dest.name} {case}: ONNX Runtime vs PyTorch max |diff| {diffs[-1]:.3e}")
+                assert diffs[-1] < 1e-4, f"{dest.name} {case} differs from PyTorch"
+            semantic = ["causal", "cross-attention"] + (["kv-cache"] if "past" in part else [])
+            entries.append(entry(name, dest, case_list, diffs, semantic))
+    files = {e["file"] for e in entries}
+    doc["models"] = [e for e in doc["models"] if e["file"] not in files] + entries
+    import optimum
+
+    doc.setdefault("optimum_versions", {}).update(
+        {"optimum": getattr(optimum, "__version__", "?"), "transformers": transformers.__version__,
+         "torch": torch.__version__, "onnxruntime": ort.__version__})
+    manifest_path.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
