@@ -10,7 +10,7 @@ use bytes::BufMut;
 /// Bytes gathered before they are written.
 const BUFFER: usize = 256 << 10;
 
-/// Encodes into `inner` through a buffer of [`BUFFER`] bytes. prost's encoding cannot fail on
+/// Encodes into `inner` through a buffer of 256 KiB. prost's encoding cannot fail on
 /// its own, so the first write error is kept and returned by [`WriteBuf::finish`]; nothing is
 /// written after it.
 pub struct WriteBuf<'a> {
