@@ -19,6 +19,11 @@ Models (seeded random weights from a tiny config; nothing downloaded):
   positions of 3000 frames: a 0.7 MB file that covers nothing the shipped encoders do not) and
   ``decoder_model_merged.onnx`` (its blocks sit inside an ``If``; issue 25 item 2).
 
+* ``llama_cache_optimum``: ``LlamaForCausalLM`` (hidden 64, 2 layers, 4 query / 2 KV heads,
+  vocabulary 100), ``--task text-generation-with-past``: optimum 2's one decoder file with its
+  cache (no merged file any more), whose mask axis is named ``past_sequence_length +
+  sequence_length``.
+
 Each file gets saved cases (inputs, and PyTorch's outputs) and a manifest entry in export.py's
 schema, marked ``"generated_by": "models/optimum_export.py"``; export.py keeps such entries and
 their files when it rewrites the manifest. Every case is run in ONNX Runtime (graph
@@ -44,6 +49,12 @@ from export import analyse, dims_of, sha256  # noqa: E402  (after the path above
 from metadata_paths import scrub_model  # noqa: E402
 
 GENERATED_BY = "models/optimum_export.py"
+SOURCES = {
+    "whisper_optimum": "transformers.WhisperForConditionalGeneration via optimum-cli export onnx "
+                       "--task automatic-speech-recognition-with-past",
+    "llama_cache_optimum": "transformers.LlamaForCausalLM via optimum-cli export onnx --task "
+                           "text-generation-with-past",
+}
 LAYERS, HEADS, HEAD = 2, 4, 16
 
 
@@ -69,10 +80,9 @@ def whisper(dest: Path) -> Path:
     return path
 
 
-def optimum_export(checkpoint: Path, out: Path) -> None:
+def optimum_export(checkpoint: Path, out: Path, task: str) -> None:
     subprocess.run(
-        ["optimum-cli", "export", "onnx", "--model", str(checkpoint), "--task",
-         "automatic-speech-recognition-with-past", str(out)],
+        ["optimum-cli", "export", "onnx", "--model", str(checkpoint), "--task", task, str(out)],
         check=True,
     )
 
@@ -117,6 +127,59 @@ def cases(model, rng: np.random.Generator) -> dict[str, list[tuple[str, dict, di
     }
 
 
+def llama(dest: Path) -> Path:
+    """The tiny LLaMA-style decoder (grouped-query attention), saved under `dest`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(26)
+    cfg = LlamaConfig(vocab_size=100, hidden_size=HEADS * HEAD, intermediate_size=128,
+                      num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=2,
+                      max_position_embeddings=128)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    path = dest / "llama_tiny_random"
+    model.save_pretrained(path)
+    return path
+
+
+def llama_cases(model, rng: np.random.Generator) -> list[tuple[str, dict, dict]]:
+    """A left-padded prefill of two prompts (3 and 5 tokens), then one decode step."""
+    from transformers.cache_utils import DynamicCache
+
+    def run(ids, mask, positions, past):
+        cache = DynamicCache.from_legacy_cache(past) if past else DynamicCache()
+        with torch.no_grad():
+            out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                        position_ids=torch.from_numpy(positions), past_key_values=cache,
+                        use_cache=True)
+        layers = [[t.numpy() for t in layer] for layer in out.past_key_values.to_legacy_cache()]
+        outputs = {"logits": out.logits.numpy()}
+        for i, (k, v) in enumerate(layers):
+            outputs |= {f"present.{i}.key": k, f"present.{i}.value": v}
+        return outputs, layers
+
+    def feeds(ids, mask, positions, layers):
+        f = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        for i, (k, v) in enumerate(layers):
+            f |= {f"past_key_values.{i}.key": k, f"past_key_values.{i}.value": v}
+        return f
+
+    ids = rng.integers(3, 100, (2, 5)).astype(np.int64)
+    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=np.int64)
+    positions = np.maximum(mask.cumsum(-1) - 1, 0) * mask + (1 - mask)
+    empty = [[np.zeros((2, 2, 0, HEAD), np.float32)] * 2 for _ in range(LAYERS)]
+    first, layers = run(ids, mask, positions, None)
+    step = rng.integers(3, 100, (2, 1)).astype(np.int64)
+    mask2 = np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)
+    pos2 = positions[:, -1:] + 1
+    second, _ = run(step, mask2, pos2, tuple(tuple(map(torch.from_numpy, l)) for l in layers))
+    return [("prefill", feeds(ids, mask, positions, empty), first),
+            ("decode_p5_n1", feeds(step, mask2, pos2, layers), second)]
+
+
 def max_diff(path: Path, inputs: dict, want: dict) -> float:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -143,9 +206,8 @@ def entry(name: str, path: Path, case_list: list, diffs: list[float], semantic: 
         "file": path.name, "model": name, "exporter": "optimum",
         "generated_by": GENERATED_BY,
         "opset": next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-        "source": "transformers.WhisperForConditionalGeneration via optimum-cli export onnx "
-                  "--task automatic-speech-recognition-with-past",
-        "family": "whisper", "attn_implementation": None,
+        "source": SOURCES[name.split(".")[0]],
+        "family": name.split("_")[0], "attn_implementation": None,
         "size_bytes": path.stat().st_size, "sha256": sha256(path),
         "inputs": [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape)}
                    for k, v in first_inputs.items()],
@@ -180,13 +242,20 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = whisper(Path(tmp))
         out = Path(tmp) / "onnx"
-        optimum_export(checkpoint, out)
+        optimum_export(checkpoint, out, "automatic-speech-recognition-with-past")
         model = WhisperForConditionalGeneration.from_pretrained(checkpoint).eval()
-        per_file = cases(model, np.random.default_rng(25))
-        for part, case_list in per_file.items():
-            name = f"whisper_optimum.{part}"
+        per_file = {f"whisper_optimum.{part}": (out / f"{part}_model.onnx", c)
+                    for part, c in cases(model, np.random.default_rng(25)).items()}
+        from transformers import LlamaForCausalLM
+
+        checkpoint = llama(Path(tmp))
+        optimum_export(checkpoint, Path(tmp) / "llama", "text-generation-with-past")
+        model = LlamaForCausalLM.from_pretrained(checkpoint).eval()
+        per_file["llama_cache_optimum"] = (Path(tmp) / "llama" / "model.onnx",
+                                           llama_cases(model, np.random.default_rng(26)))
+        for name, (exported, case_list) in per_file.items():
             dest = MODELS_DIR / f"{name}.onnx"
-            onnx_model = onnx.load(str(out / f"{part}_model.onnx"))
+            onnx_model = onnx.load(str(exported))
             scrub_model(onnx_model)
             onnx.save(onnx_model, str(dest))
             diffs = []
@@ -196,7 +265,8 @@ def main() -> int:
                 diffs.append(max_diff(dest, inputs, want))
                 print(f"{dest.name} {case}: ONNX Runtime vs PyTorch max |diff| {diffs[-1]:.3e}")
                 assert diffs[-1] < 1e-4, f"{dest.name} {case} differs from PyTorch"
-            semantic = ["causal", "cross-attention"] + (["kv-cache"] if "past" in part else [])
+            semantic = (["causal", "kv-cache", "gqa", "padding-mask"] if "llama" in name else
+                        ["causal", "cross-attention"] + (["kv-cache"] if "past" in name else []))
             entries.append(entry(name, dest, case_list, diffs, semantic))
     files = {e["file"] for e in entries}
     doc["models"] = [e for e in doc["models"] if e["file"] not in files] + entries

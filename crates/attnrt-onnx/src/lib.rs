@@ -7,6 +7,7 @@
 //! is allocated for it, and every error names the file, node or tensor it is about.
 
 pub mod attr;
+pub mod branch;
 pub mod budget;
 pub mod limits;
 pub mod load;

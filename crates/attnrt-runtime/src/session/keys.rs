@@ -67,14 +67,17 @@ impl Session {
             ShapePolicy::DynamicDims(names) => names,
         };
         let syms = plan::declared_symbols(fact, axis);
-        if syms.is_empty() || !syms.iter().all(|s| names.contains(s)) {
-            return DimKey::Bound(size);
-        }
+        let kept = !syms.is_empty() && syms.iter().all(|s| names.contains(s));
+        // An expression over the anchor and names other axes bind (optimum's mask, `[batch,
+        // past_sequence_length + sequence_length]`): its size less the anchor's is the bound
+        // part, so it is tied like a kept name (else every decode step planned anew).
+        let over_anchor = syms.len() > 1 && anchor.is_some_and(|a| syms.iter().any(|s| s == a));
         match (anchor, anchor_value) {
-            (Some(a), _) if syms.len() == 1 && syms[0] == a => DimKey::Symbolic,
-            (Some(_), Some(v)) if syms.len() == 1 => DimKey::Tied(size as i64 - v as i64),
-            // A kept name with no anchor value to relate it to, or an expression of several
-            // names (dynamo's `past_sequence + sequence`): bound.
+            (Some(a), _) if kept && syms.len() == 1 && syms[0] == a => DimKey::Symbolic,
+            (Some(_), Some(v)) if (kept && syms.len() == 1) || over_anchor => {
+                DimKey::Tied(size as i64 - v as i64)
+            }
+            // Not kept, or a kept name with no anchor value to relate it to: bound.
             _ => DimKey::Bound(size),
         }
     }
