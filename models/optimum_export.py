@@ -15,9 +15,10 @@ Models (seeded random weights from a tiny config; nothing downloaded):
   automatic-speech-recognition-with-past``. Shipped: ``whisper_optimum.decoder.onnx`` (no past:
   the self-attention cache and the cross-attention keys/values as outputs) and
   ``whisper_optimum.decoder_with_past.onnx`` (self-attention cache in, cross-attention keys and
-  values computed once by the first step and fed as inputs). Not shipped: the encoder (1500
-  positions of 3000 frames: a 0.7 MB file that covers nothing the shipped encoders do not) and
-  ``decoder_model_merged.onnx`` (its blocks sit inside an ``If``; issue 25 item 2).
+  values computed once by the first step and fed as inputs), and
+  ``whisper_optimum.decoder_merged.onnx``, both in the two branches of one ``If`` on the input
+  ``use_cache_branch`` (a case per branch). Not shipped: the encoder (1500 positions of 3000
+  frames: a 0.7 MB file that covers nothing the shipped encoders do not).
 
 * ``llama_cache_optimum``: ``LlamaForCausalLM`` (hidden 64, 2 layers, 4 query / 2 KV heads,
   vocabulary 100), ``--task text-generation-with-past``: optimum 2's one decoder file with its
@@ -121,9 +122,19 @@ def cases(model, rng: np.random.Generator) -> dict[str, list[tuple[str, dict, di
     second = {"logits": logits}
     for i, (sk, sv, _, _) in enumerate(after):
         second |= {f"present.{i}.decoder.key": sk, f"present.{i}.decoder.value": sv}
+    # The merged decoder takes every input of both, and `use_cache_branch`: on the first step
+    # the past inputs are read by nothing (empty here); later, its cross-attention presents are
+    # empty placeholders (not compared).
+    empty = {k: np.zeros((batch, HEADS, 0 if ".decoder." in k else enc, HEAD), np.float32)
+             for k in feeds if k.startswith("past_key_values")}
+    merged_first = {"input_ids": prompt, "encoder_hidden_states": states, **empty,
+                    "use_cache_branch": np.array([False])}
+    merged_later = {**feeds, "encoder_hidden_states": states, "use_cache_branch": np.array([True])}
     return {
         "decoder": [("prefill", {"input_ids": prompt, "encoder_hidden_states": states}, first)],
         "decoder_with_past": [("decode_p4_n1", feeds, second)],
+        "decoder_merged": [("prefill", merged_first, first),
+                           ("decode_p4_n1", merged_later, second)],
     }
 
 
@@ -244,7 +255,9 @@ def main() -> int:
         out = Path(tmp) / "onnx"
         optimum_export(checkpoint, out, "automatic-speech-recognition-with-past")
         model = WhisperForConditionalGeneration.from_pretrained(checkpoint).eval()
-        per_file = {f"whisper_optimum.{part}": (out / f"{part}_model.onnx", c)
+        exported = {"decoder": "decoder_model", "decoder_with_past": "decoder_with_past_model",
+                    "decoder_merged": "decoder_model_merged"}
+        per_file = {f"whisper_optimum.{part}": (out / f"{exported[part]}.onnx", c)
                     for part, c in cases(model, np.random.default_rng(25)).items()}
         from transformers import LlamaForCausalLM
 

@@ -12,6 +12,16 @@ drifts, so the figure of merit is the median over rounds of the per-round ratio
     python benches/python/whole_model_vs_ort.py --attnrt target/release/attnrt \\
         --dir ../large-models --model bert_base_eager.ts --case seq128 --threads 2
 
+``--half`` adds a float16 table: each model is converted with ONNX Runtime's own converter
+(``convert_float_to_float16(keep_io_types=True)``, written once as ``MODEL.fp16.onnx`` beside it),
+and every round times attnrt on the float16 file, attnrt on the float32 file and ONNX Runtime on
+the float16 file, in rotating order; the ratios are per round (ORT fp16 / attnrt fp16 and
+attnrt fp32 / attnrt fp16), the float16 outputs checked against ONNX Runtime's within
+``--half-atol``/``--half-rtol``:
+
+    python benches/python/whole_model_vs_ort.py --attnrt target/release/attnrt \\
+        --dir ../large-models --model bert_base_eager.ts --case seq128 --threads 2 --half
+
 ONNX Runtime runs the same ``MODEL.onnx`` file; ``--ort-model-suffix .ortopt`` makes it run
 ``MODEL.ortopt.onnx`` (its transformers optimizer's output, written by models/export_large.py)
 instead, its best baseline. Needs numpy and onnxruntime (tests/python/requirements.txt).
@@ -78,6 +88,46 @@ def check_outputs(args, model: Path, npz: Path, sess: ort.InferenceSession, feed
     return worst
 
 
+def half_model(model: Path) -> Path:
+    """``MODEL.fp16.onnx`` beside ``model``: ONNX Runtime's float16 converter, keep_io_types."""
+    out = model.with_suffix(".fp16.onnx")
+    if not out.exists():
+        import onnx
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        half = convert_float_to_float16(onnx.load(str(model)), keep_io_types=True)
+        onnx.save(half, str(out))
+    return out
+
+
+def half_row(args, stem: str, case: str) -> None:
+    """One float16 row: attnrt fp16, attnrt fp32 and ORT fp16 in rotating order per round."""
+    model = args.dir / f"{stem}.onnx"
+    half = half_model(model)
+    npz = args.dir / f"{stem.split('.')[0]}.{case}.inputs.npz"
+    feeds = dict(np.load(npz))
+    sess = ort_session(half, args.threads)
+    tol = argparse.Namespace(**{**vars(args), "atol": args.half_atol, "rtol": args.half_rtol})
+    worst = check_outputs(tol, half, npz, sess, feeds)
+    timers = {
+        "half": lambda: attnrt_median_ms(args, half, npz),
+        "float": lambda: attnrt_median_ms(args, model, npz),
+        "ort": lambda: ort_median_ms(sess, feeds, args.warmup, args.reps),
+    }
+    times = {k: [] for k in timers}
+    order = list(timers)
+    for r in range(args.rounds):
+        for k in order[r % 3:] + order[:r % 3]:
+            times[k].append(timers[k]())
+    med = {k: statistics.median(v) for k, v in times.items()}
+    vs_ort = [o / h for o, h in zip(times["ort"], times["half"])]
+    vs_f32 = [f / h for f, h in zip(times["float"], times["half"])]
+    print(f"| {stem}.fp16 | {case} | {med['half']:.1f} | {med['float']:.1f} | {med['ort']:.1f} "
+          f"| {statistics.median(vs_ort):.2f} ({min(vs_ort):.2f}-{max(vs_ort):.2f}) "
+          f"| {statistics.median(vs_f32):.2f} ({min(vs_f32):.2f}-{max(vs_f32):.2f}) "
+          f"| {worst:.1e} |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--attnrt", required=True, help="the attnrt binary (a release build)")
@@ -93,6 +143,10 @@ def main() -> None:
     p.add_argument("--ort-model-suffix", default="", help="e.g. .ortopt")
     p.add_argument("--atol", type=float, default=1e-4)
     p.add_argument("--rtol", type=float, default=1e-3)
+    p.add_argument("--half", action="store_true",
+                   help="also time each model converted to float16 (see the module docs)")
+    p.add_argument("--half-atol", type=float, default=2e-2)
+    p.add_argument("--half-rtol", type=float, default=2e-2)
     args = p.parse_args()
     print(f"onnxruntime {ort.__version__}, {args.threads} threads, {args.rounds} rounds of "
           f"{args.reps} runs after {args.warmup} warm-up")
@@ -121,6 +175,14 @@ def main() -> None:
                   f"| {case} | {statistics.median(mine):.1f} | {statistics.median(theirs):.1f} "
                   f"| {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}) "
                   f"| {worst:.1e} |", flush=True)
+    if args.half:
+        print()
+        print("| float16 model | case | attnrt fp16 ms | attnrt fp32 ms | ORT fp16 ms "
+              "| ORT fp16 / attnrt fp16 | attnrt fp32 / attnrt fp16 | max abs vs ORT |")
+        print("|---|---|---|---|---|---|---|---|")
+        for stem in args.model:
+            for case in args.case:
+                half_row(args, stem, case)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,11 @@ const PER_SHAPE: &[(&str, &str)] = &[
     ("t5_", "as bert_"),
     ("bart_", "as bert_"),
     (
+        "whisper_optimum.decoder_merged",
+        "optimum's merged decoder: one graph per value of `use_cache_branch`, so a plan per \
+         branch (its two cases take one each)",
+    ),
+    (
         "whisper_optimum.decoder.",
         "optimum's decoder without past: tract's symbolic plan of the self-attention's causal \
          mask Add does not broadcast at run time (\"Can not broadcast 4 against 2\")",

@@ -9,7 +9,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::common::{dims_line, load, threads, InputArgs, LimitArgs, MatmulArgs, MemoryArgs};
+use crate::common::{
+    dims_line, load, threads, HalfArgs, InputArgs, LimitArgs, MatmulArgs, MemoryArgs,
+};
 use crate::profile::ProfileArgs;
 
 /// Arguments of `attnrt bench`.
@@ -29,6 +31,8 @@ pub struct BenchArgs {
     pub threads: Option<usize>,
     #[command(flatten)]
     pub matmul: MatmulArgs,
+    #[command(flatten)]
+    pub half: HalfArgs,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -56,6 +60,8 @@ struct Bench {
     unfused: Session,
     prepared: attnrt::harness::PreparedInputs,
     threads: attnrt::Threads,
+    /// What `--half-as-float` did, for the text report and for `--json`.
+    half: (Option<String>, serde_json::Value),
 }
 
 /// Runs the command.
@@ -92,6 +98,7 @@ fn sessions(args: &BenchArgs) -> Result<Bench> {
     .with_context(|| format!("{name}: fusion failed"))?;
     let options = SessionOptions {
         attnrt_ops: args.matmul.attnrt_ops(),
+        half_as_float: args.half.on(),
         shapes: ShapePolicy::PerShape,
         max_memory: budget,
         ..SessionOptions::default()
@@ -108,6 +115,10 @@ fn sessions(args: &BenchArgs) -> Result<Bench> {
         unfused: unfused_session,
         prepared,
         threads,
+        half: (
+            args.half.report_line(&loaded.model),
+            args.half.report_json(&loaded.model),
+        ),
     })
 }
 
@@ -152,6 +163,7 @@ fn json_report(
         "matmul": args.matmul.name(),
         "dims": b.prepared.dims,
         "blocks_fused": b.blocks,
+        "half_as_float": b.half.1,
         "warmup": args.warmup,
         "reps": args.reps,
         "build": crate::common::build_kind(),
@@ -183,6 +195,9 @@ fn print_text(args: &BenchArgs, b: &Bench, timing: &PairedTiming, profiles: Opti
         println!("fusion: found no attention block; both paths run the same graph");
     } else {
         println!("fusion: {} attention block(s) fused", b.blocks);
+    }
+    if let Some(half) = &b.half.0 {
+        println!("half precision: {half}");
     }
     println!("ops (fused): {}", b.fused.op_counts());
     println!("ops (unfused): {}", b.unfused.op_counts());

@@ -174,6 +174,51 @@ impl MatmulArgs {
     }
 }
 
+/// `--half-as-float`: how a float16/bfloat16 model's arithmetic runs.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct HalfArgs {
+    /// A float16/bfloat16 model's arithmetic in float32 (`on`: weights widened once when the
+    /// session is built, graph inputs and outputs keep their types, results within float16
+    /// rounding of the graph's, on attnrt's float32 kernels) or as declared (`off`: tract's
+    /// generic half-precision code).
+    #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
+    pub half_as_float: OnOff,
+}
+
+/// A switch's value on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnOff {
+    /// Switched on.
+    On,
+    /// Switched off.
+    Off,
+}
+
+impl HalfArgs {
+    /// The session switch it sets (`SessionOptions::half_as_float`).
+    pub fn on(&self) -> bool {
+        self.half_as_float == OnOff::On
+    }
+
+    /// What a report says about `model`'s half precision (`None`: it has none).
+    pub fn report_line(&self, model: &attnrt::ModelProto) -> Option<String> {
+        let report = attnrt::half_as_float_report(model)?;
+        Some(if self.on() {
+            report.to_string()
+        } else {
+            "run in half precision as declared (--half-as-float off)".to_string()
+        })
+    }
+
+    /// The same for `--json`: the rewrite's counts, or `null` when it is off or not needed.
+    pub fn report_json(&self, model: &attnrt::ModelProto) -> serde_json::Value {
+        match attnrt::half_as_float_report(model) {
+            Some(r) if self.on() => serde_json::json!(r),
+            _ => serde_json::Value::Null,
+        }
+    }
+}
+
 /// `--threads`: `None` = all cores.
 pub fn threads(n: Option<usize>) -> Result<Threads> {
     Threads::new(n)

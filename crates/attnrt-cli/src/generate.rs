@@ -77,6 +77,8 @@ pub struct GenerateArgs {
     pub threads: Option<usize>,
     #[command(flatten)]
     pub matmul: MatmulArgs,
+    #[command(flatten)]
+    pub half: crate::common::HalfArgs,
     /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     pub json: bool,
@@ -231,6 +233,7 @@ fn open(
     let reference = args.check.then_some(&loaded.model);
     let options = SessionOptions {
         attnrt_ops: args.matmul.attnrt_ops(),
+        half_as_float: args.half.on(),
         max_memory: args.memory.budget(),
         ..SessionOptions::default()
     };

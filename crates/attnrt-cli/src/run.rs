@@ -12,7 +12,9 @@ use attnrt::{dtype_name, Threads};
 use clap::Args;
 use serde_json::json;
 
-use crate::common::{dims_line, load, threads, InputArgs, LimitArgs, MatmulArgs, MemoryArgs};
+use crate::common::{
+    dims_line, load, threads, HalfArgs, InputArgs, LimitArgs, MatmulArgs, MemoryArgs,
+};
 use crate::profile::ProfileArgs;
 
 /// Arguments of `attnrt run`.
@@ -27,6 +29,8 @@ pub struct RunArgs {
     pub threads: Option<usize>,
     #[command(flatten)]
     pub matmul: MatmulArgs,
+    #[command(flatten)]
+    pub half: HalfArgs,
     /// Write the outputs (of the fused path, or the only path run) to this .npz.
     #[arg(long, value_name = "FILE.npz")]
     pub output: Option<PathBuf>,
@@ -105,6 +109,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         tolerance,
         expect_tolerance: None,
         attnrt_ops: args.matmul.attnrt_ops(),
+        half_as_float: args.half.on(),
         profile: args.profile.profile,
         budget,
     };
@@ -121,10 +126,19 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         write_notes = write_npz(out, &cmp.primary().outputs)?;
     }
     if args.json {
-        let v = json_report(&args, &cmp, &prepared, &threads, &write_notes);
+        let mut v = json_report(&args, &cmp, &prepared, &threads, &write_notes);
+        v["half_as_float"] = args.half.report_json(&loaded.model);
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print_text(&args, &cmp, &prepared, &threads, &write_notes);
+        let half = args.half.report_line(&loaded.model);
+        print_text(
+            &args,
+            &cmp,
+            &prepared,
+            &threads,
+            &write_notes,
+            half.as_deref(),
+        );
     }
     let bad = cmp.failures();
     if bad.is_empty() {
@@ -273,6 +287,7 @@ fn print_text(
     prepared: &PreparedInputs,
     threads: &Threads,
     write_notes: &[String],
+    half: Option<&str>,
 ) {
     println!("model: {}", cmp.model);
     println!("dims: {}", dims_line(prepared));
@@ -291,6 +306,9 @@ fn print_text(
         for l in r.summary_lines() {
             println!("  {l}");
         }
+    }
+    if let Some(half) = half {
+        println!("half precision: {half}");
     }
     println!("threads: {}", threads.count());
     for (what, r) in [("fused", &cmp.fused), ("unfused", &cmp.unfused)] {

@@ -360,6 +360,64 @@ fn shipped_mha_seed_reproduces_pytorch_outputs() {
     assert!(v["ops"]["kernel_isa"].is_string(), "{}", v["ops"]);
 }
 
+/// A float16 file (models/half/): `--half-as-float` on (default) runs its projections on
+/// attnrt's float32 op and says so in text and `--json`; off runs none there and says that.
+#[test]
+fn half_as_float_is_reported_and_switches_off() {
+    let dir = models_dir().join("half");
+    let model = dir.join("bert_eager.ts.fp16.onnx").display().to_string();
+    let inputs = dir
+        .join("bert_eager.ts.fp16.default.inputs.npz")
+        .display()
+        .to_string();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            &model,
+            "--input-npz",
+            &inputs,
+            "--atol",
+            "3e-2",
+            "--rtol",
+            "3e-2",
+        ];
+        args.extend_from_slice(extra);
+        let o = attnrt(&args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        o
+    };
+    let v: serde_json::Value = serde_json::from_str(&stdout(&run(&["--json"]))).unwrap();
+    assert!(
+        v["half_as_float"]["tensors"].as_u64().unwrap() > 0,
+        "{}",
+        v["half_as_float"]
+    );
+    assert!(
+        v["half_as_float"]["declined"].is_null(),
+        "{}",
+        v["half_as_float"]
+    );
+    assert!(
+        v["ops"]["fused"]["projection"].as_u64().unwrap() > 0,
+        "{}",
+        v["ops"]
+    );
+    let off: serde_json::Value =
+        serde_json::from_str(&stdout(&run(&["--json", "--half-as-float", "off"]))).unwrap();
+    assert!(off["half_as_float"].is_null(), "{}", off["half_as_float"]);
+    assert_eq!(off["ops"]["fused"]["projection"], 0, "{}", off["ops"]);
+    let text = stdout(&run(&[]));
+    assert!(
+        text.contains("half precision: float16/bfloat16 arithmetic runs in float32"),
+        "{text}"
+    );
+    let text = stdout(&run(&["--half-as-float", "off"]));
+    assert!(
+        text.contains("half precision: run in half precision as declared"),
+        "{text}"
+    );
+}
+
 #[test]
 fn bench_json_reports_both_paths_and_what_they_ran_on() {
     let dir = models_dir();

@@ -79,14 +79,16 @@ fn float16_cases_pass_with_the_float16_default_tolerance() {
         let diff = &v["outputs"][0]["diff_vs_unfused"];
         assert_eq!(diff["dtype"], "float16", "{case}");
         assert_eq!(diff["tolerance"]["rtol"], 2e-3, "{case}");
-        // The same run with the float32 tolerance forced fails on the diff (exit 3): the
-        // per-dtype default is what makes it pass, not a loose comparison.
+        // The same run with the float32 tolerance forced, the unfused graph's float16
+        // arithmetic as declared (`--half-as-float off`; on, both paths compute in float32),
+        // fails on the diff (exit 3): the per-dtype default is what makes it pass, not a
+        // loose comparison.
         let strict = Command::new(env!("CARGO_BIN_EXE_attnrt"))
             .arg("run")
             .arg(dir.join("model.onnx"))
             .arg("--input-npz")
             .arg(dir.join("inputs.npz"))
-            .args(["--atol", "1e-4", "--rtol", "1e-4"])
+            .args(["--atol", "1e-4", "--rtol", "1e-4", "--half-as-float", "off"])
             .output()
             .expect("attnrt starts");
         assert_eq!(

@@ -56,6 +56,8 @@ pub fn choose_branch(model: &ModelProto, input: &str, value: bool) -> Result<Mod
     let g = model.graph.as_mut().context("the model has no graph")?;
     let mut nodes = Vec::with_capacity(g.node.len());
     let mut taken: HashSet<String> = defined_names(g);
+    // Node names too: a branch may reuse the outer graph's (tract needs them unique).
+    let mut node_names: HashSet<String> = g.node.iter().map(|n| n.name.clone()).collect();
     for node in std::mem::take(&mut g.node) {
         if node.op_type != "If" || node.input.first().map(String::as_str) != Some(input) {
             nodes.push(node);
@@ -68,7 +70,14 @@ pub fn choose_branch(model: &ModelProto, input: &str, value: bool) -> Result<Mod
             .find(|a| a.name == which && a.r#type == AttributeType::Graph as i32)
             .and_then(|a| a.g.clone())
             .with_context(|| format!("If node '{}' has no {which}", node.name))?;
-        let inlined = inline(&node, branch, &mut taken, &mut g.initializer)?;
+        let mut inlined = inline(&node, branch, &mut taken, &mut g.initializer)?;
+        for n in &mut inlined {
+            if n.name.is_empty() || node_names.contains(&n.name) {
+                n.name = fresh(&format!("{}/{}", node.name, n.op_type), &mut node_names);
+            } else {
+                node_names.insert(n.name.clone());
+            }
+        }
         nodes.extend(inlined);
     }
     g.node = nodes;

@@ -50,6 +50,7 @@ mod weights;
 
 pub use attnrt_onnx::MemoryBudget;
 pub use guard::panic_is_guarded;
+pub use lower::{half_as_float_report, HalfAsFloat};
 pub use memory::MemoryEstimate;
 pub use options::{SessionOptions, ShapePolicy};
 pub use plan::PlanStats;

@@ -36,6 +36,12 @@ pub struct SessionOptions {
     /// two roundings of tract's `powf` (the rewrite `pow-as-mul`, `lower/pow.rs`); off runs
     /// tract's `powf`.
     pub pow_as_mul: bool,
+    /// Run a float16/bfloat16 graph's arithmetic in float32 (the rewrite `half-as-float`,
+    /// `lower/half.rs`): half-precision weights widened once at build, the graph's inputs and
+    /// outputs keeping their declared types, results more precise than the graph's and within
+    /// float16 rounding of it; so attnrt's float32 projections, norms and attention apply.
+    /// Off runs the half-precision arithmetic as declared (on tract's generic code).
+    pub half_as_float: bool,
     /// How shapes map to plans.
     pub shapes: ShapePolicy,
     /// How many plans the session keeps (least recently used dropped first).
@@ -50,6 +56,7 @@ impl Default for SessionOptions {
         SessionOptions {
             attnrt_ops: true,
             pow_as_mul: true,
+            half_as_float: true,
             shapes: ShapePolicy::default(),
             max_plans: 8,
             max_memory: MemoryBudget::machine_default(),
@@ -79,6 +86,8 @@ pub(crate) enum Switch {
     TractOps,
     /// [`SessionOptions::pow_as_mul`].
     PowAsMul,
+    /// [`SessionOptions::half_as_float`].
+    HalfAsFloat,
 }
 
 impl Switch {
@@ -89,6 +98,7 @@ impl Switch {
             Switch::AttnrtOps => options.attnrt_ops,
             Switch::TractOps => !options.attnrt_ops,
             Switch::PowAsMul => options.pow_as_mul,
+            Switch::HalfAsFloat => options.half_as_float,
         }
     }
 }

@@ -45,6 +45,9 @@ pub struct PlanKey {
     pub inputs: Vec<InputKey>,
     /// The symbol [`DimKey::Tied`] dimensions are expressed in.
     pub anchor: Option<String>,
+    /// The value of the input that chooses the graph's branch, for a model that has one
+    /// (optimum's merged decoders): each value has its own graph, so its own plans.
+    pub branch: Option<bool>,
 }
 
 impl PlanKey {
@@ -63,7 +66,14 @@ impl PlanKey {
                 .map(|(dt, s)| (*dt, s.iter().map(|&v| DimKey::Bound(v)).collect()))
                 .collect(),
             anchor: None,
+            branch: None,
         }
+    }
+
+    /// This key for the graph of branch `branch`.
+    pub fn with_branch(mut self, branch: Option<bool>) -> PlanKey {
+        self.branch = branch;
+        self
     }
 }
 

@@ -8,6 +8,7 @@
 mod execute;
 mod keys;
 
+use std::borrow::Cow;
 use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
@@ -18,7 +19,7 @@ use tract_onnx::tract_hir::infer::InferenceFact;
 
 use crate::guard::guarded;
 use crate::options::SessionOptions;
-use crate::plan::{PlanCache, PlanStats};
+use crate::plan::{PlanCache, PlanKey, PlanStats};
 use crate::profile::{OpKinds, Profile};
 use crate::registry::{onnx_frontend_with, OpCounts};
 use crate::tensor::NamedTensor;
@@ -36,7 +37,11 @@ struct InputSpec {
 /// ([`ShapePolicy`](crate::ShapePolicy)).
 /// A session can be shared between threads; each run has its own state.
 pub struct Session {
-    parsed: InferenceModel,
+    /// tract's parse of the graph; of each branch (false, then true) for a model whose graph
+    /// chooses one from an input ([`attnrt_onnx::branch`]).
+    parsed: Vec<InferenceModel>,
+    /// The input that chooses the branch, by index, for such a model.
+    branch_input: Option<usize>,
     inputs: Vec<InputSpec>,
     input_names: Vec<String>,
     output_names: Vec<String>,
@@ -72,15 +77,25 @@ impl Session {
         attnrt_onnx::validate_model(model).with_context(|| format!("{what}: invalid model"))?;
         let kernels =
             KernelSet::resolve().with_context(|| format!("{what}: choosing the CPU kernels"))?;
-        let (proto, held) = crate::lower::tract_proto(model, options)
-            .with_context(|| format!("{what}: re-reading the model for tract"))?;
+        let (graphs, branch) = graphs_of(model, what)?;
         let frontend = onnx_frontend_with(options);
-        let parsed = threads.install(|| guarded(what, || parse(&frontend, proto, held, what)))?;
+        let mut parsed = Vec::with_capacity(graphs.len());
+        for graph in &graphs {
+            let (proto, held) = crate::lower::tract_proto(graph, options)
+                .with_context(|| format!("{what}: re-reading the model for tract"))?;
+            parsed.push(threads.install(|| guarded(what, || parse(&frontend, proto, held, what)))?);
+        }
+        let first = parsed.remove(0);
+        let input_names: Vec<String> = first.inputs.iter().map(|i| i.name.clone()).collect();
+        let branch_input = branch.and_then(|b| input_names.iter().position(|n| *n == b));
         Ok(Session {
-            input_names: parsed.inputs.iter().map(|i| i.name.clone()).collect(),
-            parsed: parsed.model,
-            inputs: parsed.inputs,
-            output_names: parsed.output_names,
+            branch_input,
+            input_names,
+            parsed: std::iter::once(first.model)
+                .chain(parsed.into_iter().map(|p| p.model))
+                .collect(),
+            inputs: first.inputs,
+            output_names: first.output_names,
             options: options.clone(),
             plans: Mutex::new(PlanCache::new(options.max_plans)),
             threads: threads.clone(),
@@ -272,6 +287,33 @@ impl Session {
             .iter()
             .find(|t| t.name == name)
             .with_context(|| format!("{}: no value given for input '{name}'", self.what))
+    }
+}
+
+/// The graphs a session parses: `model`'s, or for a model whose graph chooses a branch from
+/// an input, one per value of that input (false, then true), with the input's name.
+fn graphs_of<'m>(
+    model: &'m ModelProto,
+    what: &str,
+) -> Result<(Vec<Cow<'m, ModelProto>>, Option<String>)> {
+    let Some(input) = attnrt_onnx::branch::branch_inputs(model).into_iter().next() else {
+        return Ok((vec![Cow::Borrowed(model)], None));
+    };
+    let graphs = [false, true]
+        .into_iter()
+        .map(|v| {
+            attnrt_onnx::branch::choose_branch(model, &input, v)
+                .map(Cow::Owned)
+                .with_context(|| format!("{what}: the branch '{input}' = {v} chooses"))
+        })
+        .collect::<Result<_>>()?;
+    Ok((graphs, Some(input)))
+}
+
+impl Session {
+    /// tract's graph that serves `key` (its branch's, for a model with one).
+    pub(super) fn graph_for(&self, key: &PlanKey) -> &InferenceModel {
+        &self.parsed[key.branch.map_or(0, usize::from)]
     }
 }
 

@@ -55,9 +55,11 @@ pub(crate) fn hold_large(model: &mut ModelProto) -> Vec<HeldWeight> {
     let inputs: HashSet<String> = g.input.iter().map(|i| i.name.clone()).collect();
     let mut held = Vec::new();
     for t in &mut g.initializer {
+        // Half-precision weights stay: the rewrite `half-as-float` (lower/half.rs) widens them
+        // in tract's graph.
         let holdable = t.raw_data.len() >= HOLD_AT_LEAST
             && t.data_location != DataLocation::External as i32
-            && datum_type(t.data_type).is_some()
+            && datum_type(t.data_type).is_some_and(|dt| dt != DatumType::F16)
             && !inputs.contains(&t.name);
         if holdable {
             held.push(HeldWeight {

@@ -62,9 +62,9 @@ pub use attnrt_onnx::{
 pub use attnrt_fusion::{block_dot, Fused, FusionOptions, FusionReport};
 // Sessions: options, threads, tensors, what ran and where the time went.
 pub use attnrt_runtime::{
-    declared_inputs, dtype_name, f16, kernel_isa, panic_is_guarded, Datum, DatumType, DeclaredDim,
-    DeclaredInput, NamedTensor, OpCounts, Profile, ProfileReport, Session, SessionOptions,
-    ShapePolicy, Tensor, Threads,
+    declared_inputs, dtype_name, f16, half_as_float_report, kernel_isa, panic_is_guarded, Datum,
+    DatumType, DeclaredDim, DeclaredInput, HalfAsFloat, NamedTensor, OpCounts, Profile,
+    ProfileReport, Session, SessionOptions, ShapePolicy, Tensor, Threads,
 };
 
 /// Loads an ONNX model (external data read from the model's folder), under the default

@@ -8,10 +8,13 @@
 //! - [`identity`]: nodes that are the identity at inference never reach tract.
 //! - [`pow`]: `Pow` by a constant 2, 3 or 4 runs as multiplications.
 //! - [`pad`]: `Pad`'s `constant_value` is made a scalar, as tract reads it.
+//! - [`half`]: a float16/bfloat16 graph's arithmetic runs in float32 (its inputs and outputs
+//!   keep their types), so the float32 kernels apply.
 //! - [`types`]: element types known before run time, which the rewrites need to be exact.
 //!
 //! The execution ops attnrt registers in tract's parser are listed in `registry.rs`.
 
+mod half;
 mod identity;
 mod pad;
 mod pow;
@@ -26,6 +29,8 @@ use prost::Message;
 
 use crate::options::{SessionOptions, Switch};
 use crate::weights::HeldWeight;
+
+pub use half::{half_as_float_report, HalfAsFloat};
 
 /// One rewrite of the graph tract reads.
 pub(crate) struct Pass {
@@ -42,7 +47,8 @@ pub(crate) struct Pass {
 
 /// Every rewrite, in the order they run. `remove-identities` matches tract's copy to `model`
 /// node for node, so no pass before it adds or removes nodes; `pow-as-mul` finds its nodes by
-/// output name, which `remove-identities` keeps.
+/// output name, which `remove-identities` keeps. `half-as-float` runs last, so it widens every
+/// half-precision tensor the passes before it made or kept.
 pub(crate) static PASSES: &[Pass] = &[
     Pass {
         name: "forget-declared-shapes",
@@ -63,6 +69,11 @@ pub(crate) static PASSES: &[Pass] = &[
         name: "scalar-pad-values",
         switch: Switch::Always,
         run: pad::scalar_pad_values,
+    },
+    Pass {
+        name: "half-as-float",
+        switch: Switch::HalfAsFloat,
+        run: half::half_as_float,
     },
 ];
 

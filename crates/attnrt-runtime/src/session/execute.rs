@@ -24,7 +24,7 @@ impl Session {
         let key = {
             let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
             if plans.refusal(&key).is_some() {
-                PlanKey::concrete(&shapes)
+                PlanKey::concrete(&shapes).with_branch(key.branch)
             } else {
                 key
             }
@@ -41,7 +41,7 @@ impl Session {
             Ok(plan) => Ok((key, plan)),
             Err(e) if key.is_symbolic() => {
                 self.refuse(&key, format!("{e:#}"));
-                let concrete = PlanKey::concrete(&shapes);
+                let concrete = PlanKey::concrete(&shapes).with_branch(key.branch);
                 Ok((concrete.clone(), self.build_plan(&concrete)?))
             }
             Err(e) => Err(e),
@@ -54,7 +54,7 @@ impl Session {
             guarded(&self.what, || {
                 let budget = &self.options.max_memory;
                 crate::kernels::planning(&self.kernels, || {
-                    Plan::build(&self.parsed, key, &self.threads, budget)
+                    Plan::build(self.graph_for(key), key, &self.threads, budget)
                 })
                 .with_context(|| {
                     format!("{}: planning for input shapes {}", self.what, key_str(key))
@@ -94,7 +94,7 @@ impl Session {
             Ok(outputs) => Ok(outputs),
             Err(e) if retry.is_some() => {
                 self.refuse(&key, format!("{e:#}"));
-                let concrete = PlanKey::concrete(shapes);
+                let concrete = PlanKey::concrete(shapes).with_branch(key.branch);
                 let plan = self.build_plan(&concrete)?;
                 self.check_memory(&plan, shapes)?;
                 self.execute(&plan, retry.unwrap_or_default(), profile)

@@ -44,7 +44,26 @@ impl Session {
         Ok(PlanKey {
             inputs: key,
             anchor,
+            branch: self.branch_value(inputs)?,
         })
+    }
+
+    /// The value fed to the input that chooses the graph's branch, when the model has one.
+    fn branch_value(&self, inputs: &[&NamedTensor]) -> Result<Option<bool>> {
+        let Some(ix) = self.branch_input else {
+            return Ok(None);
+        };
+        let t = &inputs[ix].tensor;
+        let values = t.cast_to::<bool>()?;
+        match values.try_as_plain_ram()?.as_slice::<bool>()? {
+            [v] => Ok(Some(*v)),
+            _ => bail!(
+                "{}: input '{}' chooses the graph's branch and must hold one boolean, not {:?}",
+                self.what,
+                self.input_names[ix],
+                t.shape()
+            ),
+        }
     }
 
     /// How `axis` of an input is planned: symbolic when the policy keeps its declared name

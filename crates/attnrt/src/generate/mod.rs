@@ -1,8 +1,10 @@
 //! Generation with a decoder exported with its key/value cache: the prompt runs once with an
 //! empty past (the prefill), then one token per step, every present output fed back as the next
 //! step's past. Several prompts run as one batch, one row each, padded on the left
-//! ([`step`]); a row that made its end-of-sequence token is finished and no longer changes. One [`Session`] serves every step: the past length stays
-//! symbolic in its plans ([`ShapePolicy::DynamicDims`]), so a step costs the step.
+//! (`step.rs`); a row that made its end-of-sequence token is finished and no longer changes.
+//! One [`Session`] serves every step: the past length stays symbolic in its plans
+//! ([`ShapePolicy::DynamicDims`]), so a step costs the step; the decode steps' plan is made
+//! while the prompt runs.
 //!
 //! With a check, the original (unfused) graph runs in lockstep on its own session and its own
 //! cache; a step whose token differs, or whose logits differ beyond the tolerance, fails the

@@ -37,6 +37,9 @@ pub struct CompareOptions {
     /// attnrt's ops for the projections, `LayerNormalization` and `Gelu`
     /// ([`SessionOptions::attnrt_ops`]; on by default).
     pub attnrt_ops: bool,
+    /// A float16/bfloat16 model's arithmetic in float32 ([`SessionOptions::half_as_float`];
+    /// on by default).
+    pub half_as_float: bool,
     /// Time every node of each path's run ([`PathRun::profile`]).
     pub profile: bool,
     /// The memory each path's run may need; a path over it is refused before it runs.
@@ -53,6 +56,7 @@ impl Default for CompareOptions {
             tolerance: ToleranceChoice::default(),
             expect_tolerance: None,
             attnrt_ops: SessionOptions::default().attnrt_ops,
+            half_as_float: SessionOptions::default().half_as_float,
             profile: false,
             budget: MemoryBudget::default(),
         }
@@ -186,6 +190,7 @@ pub fn compare(
     };
     let session = SessionOptions {
         attnrt_ops: options.attnrt_ops,
+        half_as_float: options.half_as_float,
         shapes: ShapePolicy::PerShape,
         max_memory: options.budget.clone(),
         ..SessionOptions::default()
