@@ -602,7 +602,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         "raw_data_length_mismatch",
         "initializer w of dims [4, 4] holding 12 floats",
         &with_initializer(TensorProto {
-            raw_data: f32_bytes((0..12).map(|i| i as f32)),
+            raw_data: f32_bytes((0..12).map(|i| i as f32)).into(),
             ..tensor_f32("w", &[4, 4], &[])
         }),
         Stage::Load,
@@ -612,7 +612,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         "raw_data_odd_bytes",
         "initializer w with 15 bytes of raw_data (not a whole number of floats)",
         &with_initializer(TensorProto {
-            raw_data: vec![0; 15],
+            raw_data: vec![0; 15].into(),
             ..tensor_f32("w", &[4], &[])
         }),
         Stage::Load,
@@ -622,7 +622,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         "dims_10e12_elements",
         "initializer w declaring [1000000, 1000000] floats (4 TB) with 16 bytes of data",
         &with_initializer(TensorProto {
-            raw_data: vec![0; 16],
+            raw_data: vec![0; 16].into(),
             ..tensor_f32("w", &[1_000_000, 1_000_000], &[])
         }),
         Stage::Load,
@@ -639,7 +639,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
         "negative_dims",
         "initializer w with dims [-1, 4]",
         &with_initializer(TensorProto {
-            raw_data: vec![0; 16],
+            raw_data: vec![0; 16].into(),
             ..tensor_f32("w", &[-1, 4], &[])
         }),
         Stage::Load,
@@ -652,7 +652,7 @@ pub fn write_corpus(dir: &Path) -> Vec<HostileCase> {
             attribute: vec![attnrt_onnx::attr::make_tensor(
                 "value",
                 TensorProto {
-                    raw_data: vec![0; 8],
+                    raw_data: vec![0; 8].into(),
                     ..tensor_f32("c", &[1_000_000, 1_000_000], &[])
                 },
             )],

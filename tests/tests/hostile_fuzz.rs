@@ -148,7 +148,9 @@ fn mutate_model(m: &mut ModelProto, rng: &mut Rng) {
             let t = &mut g.initializer[k];
             if !t.raw_data.is_empty() {
                 let i = rng.below(t.raw_data.len());
-                t.raw_data[i] = rng.next() as u8;
+                let mut data = t.raw_data.to_vec();
+                data[i] = rng.next() as u8;
+                t.raw_data = data.into();
             }
         }
         5 if !g.initializer.is_empty() => {

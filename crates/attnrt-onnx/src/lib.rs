@@ -11,10 +11,12 @@ pub mod branch;
 pub mod budget;
 pub mod limits;
 pub mod load;
+pub mod mapped;
 pub mod op_check;
 pub mod opset;
 pub mod passthrough;
 pub mod save;
+pub mod stream;
 pub mod tensor;
 pub mod validate;
 
@@ -26,7 +28,7 @@ pub mod proto {
 
 pub use budget::{format_bytes, MemoryBudget};
 pub use limits::check_static_allocation;
-pub use load::{decode_model, load_model, load_model_from_bytes, LoadedModel};
+pub use load::{decode_model, decode_model_shared, load_model, load_model_from_bytes, LoadedModel};
 pub use op_check::OpError;
 /// prost's `Message` trait, so users can encode and decode the schema types
 /// (`model.encode_to_vec()`, `ModelProto::decode(bytes)`) without depending on prost themselves.

@@ -1,11 +1,12 @@
 //! Loading a model: decode the protobuf, check it is a model, read its external data from
 //! files inside the model's own folder only, and check every tensor against its dims.
 
+use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use bytes::Bytes;
 use prost::Message;
 
 use crate::proto::{
@@ -15,7 +16,8 @@ use crate::tensor::{check_tensor, element_count, element_size, type_name};
 use crate::validate::validate_model_with;
 use crate::Limits;
 
-/// A model read from disk, with every external tensor's data inlined into `raw_data`.
+/// A model read from disk, with every external tensor's data inlined into `raw_data`: slices of
+/// the mapped model file and external data files (see [`crate::mapped`]), not copies.
 #[derive(Debug, Clone)]
 pub struct LoadedModel {
     /// The model, self-contained: no tensor refers to external data any more.
@@ -28,19 +30,37 @@ pub struct LoadedModel {
 
 /// Decodes a model from bytes, checking that it really is an ONNX model (a graph, an IR
 /// version, opset imports) and that it stays within `limits`. External data is not resolved;
-/// `what` names the source in error messages.
+/// `what` names the source in error messages. The model owns copies of its tensors' data;
+/// [`decode_model_shared`] shares them with the buffer instead.
 pub fn decode_model(bytes: &[u8], what: &str, limits: &Limits) -> Result<ModelProto> {
-    if bytes.len() as u64 > limits.max_model_bytes {
+    check_model_size(bytes.len(), what, limits)?;
+    let model = ModelProto::decode(bytes).map_err(|e| decode_error(what, &e))?;
+    check_decoded(model, what, limits)
+}
+
+/// [`decode_model`] on a shared buffer (a mapped file, see [`crate::mapped`]): every tensor's
+/// `raw_data` is a slice of `bytes`, not a copy.
+pub fn decode_model_shared(bytes: Bytes, what: &str, limits: &Limits) -> Result<ModelProto> {
+    check_model_size(bytes.len(), what, limits)?;
+    let model = ModelProto::decode(bytes).map_err(|e| decode_error(what, &e))?;
+    check_decoded(model, what, limits)
+}
+
+fn check_model_size(len: usize, what: &str, limits: &Limits) -> Result<()> {
+    if len as u64 > limits.max_model_bytes {
         bail!(
-            "{what}: {} bytes is over the model size limit of {} bytes",
-            bytes.len(),
+            "{what}: {len} bytes is over the model size limit of {} bytes",
             limits.max_model_bytes
         );
     }
-    if bytes.is_empty() {
+    if len == 0 {
         bail!("{what}: empty file, not an ONNX model");
     }
-    let model = ModelProto::decode(bytes).map_err(|e| decode_error(what, &e))?;
+    Ok(())
+}
+
+/// The checks of [`decode_model`] after decoding.
+fn check_decoded(model: ModelProto, what: &str, limits: &Limits) -> Result<ModelProto> {
     let Some(graph) = model.graph.as_ref() else {
         bail!("{what}: not an ONNX model: it has no graph");
     };
@@ -171,7 +191,8 @@ pub fn load_model(path: &Path, limits: &Limits) -> Result<LoadedModel> {
             limits.max_model_bytes
         );
     }
-    let bytes = std::fs::read(path).with_context(|| format!("{what}: cannot read"))?;
+    // Mapped, not read: the decoded model's tensors are slices of the file's pages.
+    let bytes = crate::mapped::read_path(path, &what)?;
     let dir = path
         .parent()
         .map(|p| {
@@ -182,9 +203,7 @@ pub fn load_model(path: &Path, limits: &Limits) -> Result<LoadedModel> {
             }
         })
         .unwrap_or(Path::new("."));
-    let mut model = decode_model(&bytes, &what, limits)?;
-    // The decoded model owns copies of everything; the file's bytes are not needed any more.
-    drop(bytes);
+    let mut model = decode_model_shared(bytes, &what, limits)?;
     let external_files = resolve_external(&mut model, &what, dir, limits)?;
     // Nothing invalid goes further: fusion and tract may hang or exhaust memory on it.
     validate_model_with(&model, limits).with_context(|| what.clone())?;
@@ -228,6 +247,7 @@ fn resolve_external(
         limits,
         read_bytes: 0,
         files: Vec::new(),
+        contents: HashMap::new(),
     };
     let graph = model
         .graph
@@ -246,6 +266,8 @@ struct ExternalCtx<'a> {
     limits: &'a Limits,
     read_bytes: u64,
     files: Vec<String>,
+    /// Each external data file's contents (mapped), by location, read once.
+    contents: HashMap<String, Bytes>,
 }
 
 fn resolve_graph(g: &mut GraphProto, ctx: &mut ExternalCtx) -> Result<()> {
@@ -338,31 +360,40 @@ fn resolve_tensor(t: &mut TensorProto, ctx: &mut ExternalCtx) -> Result<()> {
             ctx.limits.max_external_bytes
         );
     }
-    let file = confined_path(ctx.dir, &location)?;
-    let mut f = File::open(&file)
-        .with_context(|| format!("cannot open external data file '{location}'"))?;
-    let file_len = f
-        .metadata()
-        .with_context(|| format!("cannot stat external data file '{location}'"))?
-        .len();
+    let data = external_file(ctx, &location)?;
+    let file_len = data.len() as u64;
     if offset.checked_add(length).is_none_or(|end| end > file_len) {
         bail!(
             "external data '{location}': offset {offset} + length {length} is past the end of the file ({file_len} bytes)"
         );
     }
-    f.seek(SeekFrom::Start(offset))
-        .with_context(|| format!("cannot seek in '{location}'"))?;
-    let mut data = vec![0u8; length as usize];
-    f.read_exact(&mut data)
-        .with_context(|| format!("cannot read {length} bytes of '{location}' at {offset}"))?;
     ctx.read_bytes += length;
     if !ctx.files.contains(&location) {
         ctx.files.push(location);
     }
-    t.raw_data = data;
+    // A slice of the mapped file: no copy.
+    t.raw_data = data.slice(offset as usize..(offset + length) as usize);
     t.external_data.clear();
     t.data_location = DataLocation::Default as i32;
     Ok(())
+}
+
+/// The contents of the external data file at `location` (confined to the model's folder),
+/// mapped on first use and shared by every tensor stored in it.
+fn external_file(ctx: &mut ExternalCtx, location: &str) -> Result<Bytes> {
+    if let Some(data) = ctx.contents.get(location) {
+        return Ok(data.clone());
+    }
+    let file = confined_path(ctx.dir, location)?;
+    let f = File::open(&file)
+        .with_context(|| format!("cannot open external data file '{location}'"))?;
+    let file_len = f
+        .metadata()
+        .with_context(|| format!("cannot stat external data file '{location}'"))?
+        .len();
+    let data = crate::mapped::file_bytes(f, file_len, &format!("external data file '{location}'"))?;
+    ctx.contents.insert(location.to_string(), data.clone());
+    Ok(data)
 }
 
 /// Resolves an external data `location` inside `dir`: it must be a relative path without

@@ -1,10 +1,13 @@
 //! Saving a model atomically: write to a temporary file in the destination folder, sync, then
-//! rename over the destination, so a reader never sees a partial model.
+//! rename over the destination, so a reader never sees a partial model. The model is encoded
+//! straight into the file and external data is written from the tensors' own bytes, so saving
+//! holds no second copy of the weights.
 
 use std::io::Write;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use bytes::Bytes;
 use prost::Message;
 
 use crate::proto::{
@@ -42,31 +45,39 @@ pub fn save_model(model: &ModelProto, path: &Path, options: &SaveOptions) -> Res
         .to_string_lossy()
         .into_owned();
 
+    // A clone shares every tensor's bytes (`raw_data` is a `Bytes`): no weight is copied.
     let mut model = model.clone();
     let mut data_file = None;
     if let Some(threshold) = options.external_threshold {
         let location = format!("{file_name}.data");
-        let mut blob = Vec::new();
+        let mut blob = Blob::default();
         if let Some(g) = model.graph.as_mut() {
             externalize_graph(g, threshold, &location, &mut blob);
         }
-        if !blob.is_empty() {
+        if !blob.pieces.is_empty() {
             data_file = Some((dir.join(&location), blob));
         }
     }
-    let bytes = model.encode_to_vec();
-    if bytes.len() > PROTOBUF_MAX {
+    let size = model.encoded_len();
+    if size > PROTOBUF_MAX {
         bail!(
-            "{what}: the model is {} bytes, over the 2 GiB protobuf limit; save with external data",
-            bytes.len()
+            "{what}: the model is {size} bytes, over the 2 GiB protobuf limit; save with external data"
         );
     }
     let mut written_data = None;
     if let Some((data_path, blob)) = &data_file {
-        write_atomic(data_path, blob)?;
+        write_atomic_with(data_path, |w| blob.write_to(w))?;
         written_data = Some(data_path.clone());
     }
-    if let Err(e) = write_atomic(path, &bytes) {
+    // Streamed into the file: the encoded model is never held in memory whole.
+    let written = write_atomic_with(path, |w| {
+        let mut out = crate::stream::WriteBuf::new(w);
+        model
+            .encode(&mut out)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        out.finish()
+    });
+    if let Err(e) = written {
         if let Some(p) = written_data {
             let _ = std::fs::remove_file(p);
         }
@@ -77,6 +88,15 @@ pub fn save_model(model: &ModelProto, path: &Path, options: &SaveOptions) -> Res
 
 /// Writes `bytes` to `path` through a temporary file in the same folder and a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_with(path, |w| w.write_all(bytes))
+}
+
+/// Writes what `write` writes to `path` through a temporary file in the same folder and a
+/// rename (buffered; synced before the rename).
+pub fn write_atomic_with(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
     let what = path.display();
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -92,15 +112,52 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
                 dir.display()
             )
         })?;
-    tmp.write_all(bytes)
-        .and_then(|_| tmp.as_file().sync_all())
+    {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file_mut());
+        write(&mut out)
+            .and_then(|_| out.flush())
+            .with_context(|| format!("{what}: cannot write"))?;
+    }
+    tmp.as_file()
+        .sync_all()
         .with_context(|| format!("{what}: cannot write"))?;
     tmp.persist(path)
         .map_err(|e| anyhow::anyhow!("{what}: cannot replace the file: {}", e.error))?;
     Ok(())
 }
 
-fn externalize_graph(g: &mut GraphProto, threshold: usize, location: &str, blob: &mut Vec<u8>) {
+/// The external data file being laid out: each tensor's bytes (shared, not copied) at its
+/// offset, each offset aligned to 4 KiB so readers may map it.
+#[derive(Default)]
+struct Blob {
+    pieces: Vec<(u64, Bytes)>,
+    len: u64,
+}
+
+impl Blob {
+    /// Places `data` at the next aligned offset and returns that offset.
+    fn push(&mut self, data: Bytes) -> u64 {
+        let offset = self.len.div_ceil(4096) * 4096;
+        self.len = offset + data.len() as u64;
+        self.pieces.push((offset, data));
+        offset
+    }
+
+    /// Writes the file: each piece after the zeros that pad it to its offset.
+    fn write_to(&self, w: &mut dyn Write) -> std::io::Result<()> {
+        let zeros = [0u8; 4096];
+        let mut at = 0u64;
+        for (offset, data) in &self.pieces {
+            w.write_all(&zeros[..(offset - at) as usize])?;
+            w.write_all(data)?;
+            crate::mapped::release(data);
+            at = offset + data.len() as u64;
+        }
+        Ok(())
+    }
+}
+
+fn externalize_graph(g: &mut GraphProto, threshold: usize, location: &str, blob: &mut Blob) {
     for t in &mut g.initializer {
         externalize_tensor(t, threshold, location, blob);
     }
@@ -113,16 +170,13 @@ fn externalize_graph(g: &mut GraphProto, threshold: usize, location: &str, blob:
     }
 }
 
-fn externalize_tensor(t: &mut TensorProto, threshold: usize, location: &str, blob: &mut Vec<u8>) {
+fn externalize_tensor(t: &mut TensorProto, threshold: usize, location: &str, blob: &mut Blob) {
     if t.raw_data.len() < threshold || t.raw_data.is_empty() {
         return;
     }
-    // Align each tensor to 4 KiB so readers may map it.
-    let pad = (4096 - blob.len() % 4096) % 4096;
-    blob.resize(blob.len() + pad, 0);
-    let offset = blob.len();
     let data = std::mem::take(&mut t.raw_data);
-    blob.extend_from_slice(&data);
+    let length = data.len();
+    let offset = blob.push(data);
     let entry = |k: &str, v: String| StringStringEntryProto {
         key: k.into(),
         value: v,
@@ -130,7 +184,7 @@ fn externalize_tensor(t: &mut TensorProto, threshold: usize, location: &str, blo
     t.external_data = vec![
         entry("location", location.to_string()),
         entry("offset", offset.to_string()),
-        entry("length", data.len().to_string()),
+        entry("length", length.to_string()),
     ];
     t.data_location = DataLocation::External as i32;
 }

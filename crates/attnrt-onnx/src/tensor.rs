@@ -192,7 +192,11 @@ pub fn from_f32(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
         name: name.to_string(),
         dims: dims.to_vec(),
         data_type: DataType::Float as i32,
-        raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        raw_data: values
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into(),
         ..Default::default()
     }
 }
@@ -203,7 +207,11 @@ pub fn from_i64(name: &str, dims: &[i64], values: &[i64]) -> TensorProto {
         name: name.to_string(),
         dims: dims.to_vec(),
         data_type: DataType::Int64 as i32,
-        raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        raw_data: values
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into(),
         ..Default::default()
     }
 }

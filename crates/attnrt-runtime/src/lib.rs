@@ -41,6 +41,7 @@ mod lower;
 pub mod matmul_integer;
 pub mod memory;
 pub mod options;
+mod packed;
 pub mod plan;
 pub mod profile;
 pub mod projection;
@@ -50,6 +51,7 @@ pub mod session;
 pub mod tensor;
 pub mod threads;
 mod tract_parser;
+mod weights;
 
 pub use attnrt_onnx::MemoryBudget;
 pub use guard::panic_is_guarded;

@@ -86,9 +86,11 @@ fn parse_gemm(
 }
 
 /// The parsed `MatMul`: shape rules are tract's; wiring picks [`ProjectionOp`] when it can.
+/// (`weights.rs` replaces it by its packed form when the weight is a large initializer.)
 #[derive(Debug, Clone, Default, Hash, PartialEq, Eq)]
-struct ProjectionMatMul {
-    node: String,
+pub(crate) struct ProjectionMatMul {
+    /// The ONNX node name.
+    pub(crate) node: String,
 }
 
 const TRACT_MATMUL: MatMulInference = MatMulInference {
@@ -131,13 +133,14 @@ impl Expansion for ProjectionMatMul {
 }
 
 /// The parsed `Gemm`: `Y = alpha·A'·B' + beta·C` (`A' = Aᵀ` if `trans_a`, `B' = Bᵀ` if `trans_b`).
+/// (`weights.rs` replaces it by its packed form when `B` is a large initializer.)
 #[derive(Debug, Clone, PartialEq)]
-struct ProjectionGemm {
-    node: String,
-    alpha: f32,
-    beta: f32,
-    trans_a: bool,
-    trans_b: bool,
+pub(crate) struct ProjectionGemm {
+    pub(crate) node: String,
+    pub(crate) alpha: f32,
+    pub(crate) beta: f32,
+    pub(crate) trans_a: bool,
+    pub(crate) trans_b: bool,
 }
 
 impl Expansion for ProjectionGemm {
@@ -214,25 +217,37 @@ impl Expansion for ProjectionGemm {
                 &[y, alpha],
             )?[0];
         }
-        if let Some(mut c) = c {
-            while model.outlet_fact(c)?.rank() < 2 {
-                let r = model.outlet_fact(c)?.rank();
-                c = model.wire_node(format!("{prefix}.c_axis{r}"), AxisOp::Add(0), &[c])?[0];
-            }
-            if self.beta != 1.0 {
-                let beta = tensor0(self.beta).cast_to_dt(dt)?.into_owned();
-                let beta =
-                    model.add_const(format!("{prefix}.beta"), beta.broadcast_into_rank(2)?)?;
-                c = model.wire_node(
-                    format!("{prefix}.beta_c"),
-                    tract_onnx::tract_hir::ops::math::mul(),
-                    &[c, beta],
-                )?[0];
-            }
-            y = model.wire_node(prefix, tract_onnx::tract_hir::ops::math::add(), &[y, c])?[0];
+        if let Some(c) = c {
+            y = add_beta_c(prefix, model, y, c, self.beta)?;
         }
         Ok(tvec!(y))
     }
+}
+
+/// Wires `y + beta·C` (`Gemm`'s last term; `C` made rank 2 first) as tract's element-wise ops,
+/// the node named `prefix`.
+pub(crate) fn add_beta_c(
+    prefix: &str,
+    model: &mut TypedModel,
+    y: OutletId,
+    mut c: OutletId,
+    beta: f32,
+) -> TractResult<OutletId> {
+    let dt = model.outlet_fact(y)?.datum_type;
+    while model.outlet_fact(c)?.rank() < 2 {
+        let r = model.outlet_fact(c)?.rank();
+        c = model.wire_node(format!("{prefix}.c_axis{r}"), AxisOp::Add(0), &[c])?[0];
+    }
+    if beta != 1.0 {
+        let beta = tensor0(beta).cast_to_dt(dt)?.into_owned();
+        let beta = model.add_const(format!("{prefix}.beta"), beta.broadcast_into_rank(2)?)?;
+        c = model.wire_node(
+            format!("{prefix}.beta_c"),
+            tract_onnx::tract_hir::ops::math::mul(),
+            &[c, beta],
+        )?[0];
+    }
+    Ok(model.wire_node(prefix, tract_onnx::tract_hir::ops::math::add(), &[y, c])?[0])
 }
 
 /// The name under which [`ProjectionOp`] appears in a planned graph.
@@ -295,14 +310,20 @@ impl ProjectionOp {
         } else {
             PackedWeight::from_strided(ws, rows, cols, cols, 1)
         };
-        Ok(Some(ProjectionOp {
+        Self::for_packed(node, Arc::new(weight)).map(Some)
+    }
+
+    /// The op `x · weight` for a weight packed already (by `for_facts`, or once per session by
+    /// `weights.rs`).
+    pub(crate) fn for_packed(node: &str, weight: Arc<PackedWeight>) -> TractResult<ProjectionOp> {
+        Ok(ProjectionOp {
             node: node.to_string(),
-            weight: Arc::new(weight),
+            weight,
             alpha: 1.0,
             bias: None,
             activation: None,
             kernels: crate::kernels::for_op()?,
-        }))
+        })
     }
 
     /// The op for a `Gemm` without `transA`, or `None` (tract's path). `c` is the fact of `C`
@@ -446,7 +467,7 @@ impl EvalOp for ProjectionOp {
 /// such a row: f32 in plain memory, rank ≤ `max_rank`, every extent but the last 1, the last 1
 /// (one value for the whole row) or `n`. Shapes `[]`, `[1]`, `[n]`, `[1, n]`, `[1, 1, n]`, ...
 /// What `Gemm`'s `C` and the bias `Add` after a projection both need.
-fn bias_row(c: &Tensor, n: usize, max_rank: usize) -> Option<Vec<f32>> {
+pub(crate) fn bias_row(c: &Tensor, n: usize, max_rank: usize) -> Option<Vec<f32>> {
     let dims = c.shape();
     let row_broadcast = dims.len() <= max_rank
         && dims.iter().rev().skip(1).all(|&d| d == 1)

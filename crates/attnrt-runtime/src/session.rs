@@ -81,9 +81,9 @@ impl Session {
         let frontend = onnx_frontend_with(options);
         let mut parsed = Vec::with_capacity(graphs.len());
         for graph in &graphs {
-            let proto = crate::lower::tract_proto(graph, options)
+            let (proto, held) = crate::lower::tract_proto(graph, options)
                 .with_context(|| format!("{what}: re-reading the model for tract"))?;
-            parsed.push(threads.install(|| guarded(what, || parse(&frontend, &proto, what)))?);
+            parsed.push(threads.install(|| guarded(what, || parse(&frontend, proto, held, what)))?);
         }
         let first = parsed.remove(0);
         let input_names: Vec<String> = first.inputs.iter().map(|i| i.name.clone()).collect();
@@ -324,15 +324,20 @@ struct Parsed {
     output_names: Vec<String>,
 }
 
-/// Parses `proto` with `frontend`.
+/// Parses `proto` with `frontend`, then gives the `held` weights their homes
+/// ([`crate::weights::place`]).
 fn parse(
     frontend: &tract_onnx::Onnx,
-    proto: &tract_onnx::pb::ModelProto,
+    proto: tract_onnx::pb::ModelProto,
+    held: Vec<crate::weights::HeldWeight>,
     what: &str,
 ) -> Result<Parsed> {
-    let parsed = frontend
-        .parse(proto, None)
+    let mut parsed = frontend
+        .parse(&proto, None)
         .with_context(|| format!("{what}: tract cannot load the graph"))?;
+    drop(proto);
+    crate::weights::place(&mut parsed.model, held)
+        .with_context(|| format!("{what}: placing the weights"))?;
     if !parsed.unresolved_inputs.is_empty() {
         bail!(
             "{what}: tensors used but never produced: {}",

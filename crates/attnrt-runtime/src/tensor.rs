@@ -60,7 +60,8 @@ pub fn dtype_name(dt: DatumType) -> &'static str {
     }
 }
 
-fn onnx_to_datum(elem: i32) -> Option<DatumType> {
+/// tract's element type of an ONNX one, when tract has it.
+pub(crate) fn onnx_to_datum(elem: i32) -> Option<DatumType> {
     Some(match DataType::try_from(elem).ok()? {
         DataType::Float => DatumType::F32,
         DataType::Uint8 => DatumType::U8,

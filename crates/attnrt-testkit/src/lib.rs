@@ -157,7 +157,11 @@ pub fn tensor_bool(name: &str, dims: &[i64], values: &[bool]) -> TensorProto {
         name: name.to_string(),
         dims: dims.to_vec(),
         data_type: DataType::Bool as i32,
-        raw_data: values.iter().map(|&b| u8::from(b)).collect(),
+        raw_data: values
+            .iter()
+            .map(|&b| u8::from(b))
+            .collect::<Vec<u8>>()
+            .into(),
         ..Default::default()
     }
 }

@@ -64,7 +64,7 @@ fn bool_scalar(t: &attnrt_onnx::proto::TensorProto) -> Option<bool> {
     if t.data_location == tensor_proto::DataLocation::External as i32 {
         return None;
     }
-    match (t.int32_data.as_slice(), t.raw_data.as_slice()) {
+    match (t.int32_data.as_slice(), &t.raw_data[..]) {
         ([v], _) => Some(*v != 0),
         ([], [b]) => Some(*b != 0),
         _ => None,

@@ -32,6 +32,7 @@ use attnrt_onnx::proto::{type_proto, GraphProto, ModelProto};
 use prost::Message;
 
 use crate::options::{SessionOptions, Switch};
+use crate::weights::HeldWeight;
 
 pub use half::{half_as_float_report, HalfAsFloat};
 
@@ -86,20 +87,27 @@ pub(crate) static PASSES: &[Pass] = &[
 ];
 
 /// `model` as tract's protobuf types, rewritten by every pass of [`PASSES`] that `options`
-/// switch on, in order.
+/// switch on, in order; its large initializers are not in it but returned apart, their bytes
+/// shared with `model` (declared as graph inputs, for `weights::place` after parsing).
 pub(crate) fn tract_proto(
     model: &ModelProto,
     options: &SessionOptions,
-) -> Result<tract_onnx::pb::ModelProto> {
-    let bytes = model.encode_to_vec();
+) -> Result<(tract_onnx::pb::ModelProto, Vec<HeldWeight>)> {
+    // A clone shares the tensors' bytes; the held ones are not encoded at all.
+    let mut light = model.clone();
+    let held = crate::weights::hold_large(&mut light);
+    let bytes = light.encode_to_vec();
+    drop(light);
     let mut proto = tract_onnx::pb::ModelProto::decode(bytes.as_slice())?;
     drop(bytes);
     if let Some(g) = proto.graph.as_mut() {
+        // Declared first, so the passes see every name the graph uses.
+        crate::weights::declare(g, &held);
         for pass in PASSES.iter().filter(|p| p.switch.is_on(options)) {
             (pass.run)(model, g);
         }
     }
-    Ok(proto)
+    Ok((proto, held))
 }
 
 /// Element types the graph declares: inputs, `value_info`, outputs and initializers.
@@ -146,7 +154,7 @@ mod tests {
     }
 
     fn op_types(options: &SessionOptions) -> Vec<String> {
-        let proto = tract_proto(&cube(), options).unwrap();
+        let (proto, _) = tract_proto(&cube(), options).unwrap();
         proto
             .graph
             .unwrap()
@@ -164,7 +172,7 @@ mod tests {
             ..SessionOptions::default()
         };
         assert_eq!(op_types(&no_pow), ["Pow"]);
-        let proto = tract_proto(&cube(), &no_pow).unwrap();
+        let (proto, _) = tract_proto(&cube(), &no_pow).unwrap();
         let y = &proto.graph.unwrap().output[0];
         let Some(tract_onnx::pb::type_proto::Value::TensorType(t)) =
             y.r#type.as_ref().and_then(|t| t.value.as_ref())

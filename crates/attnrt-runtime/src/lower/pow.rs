@@ -38,7 +38,7 @@ fn scalar_value(t: &TensorProto) -> Option<f64> {
     }
     let dt = DataType::try_from(t.data_type).ok()?;
     let value = match dt {
-        DataType::Double => match (t.double_data.as_slice(), t.raw_data.as_slice()) {
+        DataType::Double => match (t.double_data.as_slice(), &t.raw_data[..]) {
             ([v], _) => *v,
             ([], raw) => f64::from_le_bytes(raw.try_into().ok()?),
             _ => return None,
