@@ -24,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 
 use attnrt_onnx::opset;
 use attnrt_onnx::proto::ModelProto;
-use tract_onnx::pb::{GraphProto, NodeProto, TensorProto};
+use tract_onnx::pb::{GraphProto, NodeProto};
 
 use crate::quant_projection::OP_TYPE;
 
@@ -38,11 +38,20 @@ struct Wiring<'a> {
     producer: HashMap<&'a str, usize>,
     readers: HashMap<&'a str, Vec<usize>>,
     outputs: HashSet<&'a str>,
-    constants: HashMap<&'a str, &'a TensorProto>,
+    constants: HashMap<&'a str, Constant>,
+}
+
+/// What the chain needs to know of a constant: its element type and dims.
+struct Constant {
+    data_type: i32,
+    dims: Vec<i64>,
 }
 
 impl<'a> Wiring<'a> {
-    fn new(g: &'a GraphProto) -> Wiring<'a> {
+    /// The wiring of `g`; its constants are its initializers and the large initializers of
+    /// `model` that tract's graph declares as inputs (held apart: `weights.rs`), but never a
+    /// graph input of the model itself.
+    fn new(g: &'a GraphProto, model: &'a ModelProto) -> Wiring<'a> {
         let mut w = Wiring {
             producer: HashMap::new(),
             readers: HashMap::new(),
@@ -55,7 +64,23 @@ impl<'a> Wiring<'a> {
             .iter()
             .filter(|t| !inputs.contains(t.name.as_str()))
         {
-            w.constants.insert(t.name.as_str(), t);
+            let c = Constant {
+                data_type: t.data_type,
+                dims: t.dims.clone(),
+            };
+            w.constants.insert(t.name.as_str(), c);
+        }
+        if let Some(mg) = model.graph.as_ref() {
+            let model_inputs: HashSet<&str> = mg.input.iter().map(|i| i.name.as_str()).collect();
+            for t in mg.initializer.iter().filter(|t| {
+                inputs.contains(t.name.as_str()) && !model_inputs.contains(t.name.as_str())
+            }) {
+                let c = Constant {
+                    data_type: t.data_type,
+                    dims: t.dims.clone(),
+                };
+                w.constants.insert(t.name.as_str(), c);
+            }
         }
         for (i, n) in g.node.iter().enumerate() {
             for o in n.output.iter().filter(|o| !o.is_empty()) {
@@ -77,10 +102,10 @@ impl<'a> Wiring<'a> {
     }
 
     /// The constant `tensor` when its type is `elem_type` and its shape `[]`, `[1]` or `[n]`.
-    fn per_column(&self, tensor: &str, elem_type: i32, n: i64) -> Option<&'a TensorProto> {
+    fn per_column(&self, tensor: &str, elem_type: i32, n: i64) -> Option<&Constant> {
         let t = self.constants.get(tensor)?;
         let shape_ok = matches!(t.dims.as_slice(), [] | [1]) || t.dims == [n];
-        (t.data_type == elem_type && shape_ok).then_some(*t)
+        (t.data_type == elem_type && shape_ok).then_some(t)
     }
 }
 
@@ -188,7 +213,7 @@ fn chain(g: &GraphProto, w: &Wiring, at: usize) -> Option<Chain> {
 }
 
 /// The pass: every chain of `g` (tract's copy of `model`'s graph) becomes one node.
-pub(super) fn dynamic_quantize_matmul(_model: &ModelProto, g: &mut GraphProto) {
+pub(super) fn dynamic_quantize_matmul(model: &ModelProto, g: &mut GraphProto) {
     let has_subgraph = g.node.iter().any(|n| {
         n.attribute
             .iter()
@@ -197,7 +222,7 @@ pub(super) fn dynamic_quantize_matmul(_model: &ModelProto, g: &mut GraphProto) {
     if has_subgraph || !g.node.iter().any(|n| n.op_type == "MatMulInteger") {
         return;
     }
-    let (removed, mut placed) = plan(g);
+    let (removed, mut placed) = plan(g, model);
     if placed.is_empty() {
         return;
     }
@@ -212,8 +237,8 @@ pub(super) fn dynamic_quantize_matmul(_model: &ModelProto, g: &mut GraphProto) {
 }
 
 /// Which nodes of `g` go, and the new node put in place of each chain's last one.
-fn plan(g: &GraphProto) -> (Vec<bool>, HashMap<usize, NodeProto>) {
-    let w = Wiring::new(g);
+fn plan(g: &GraphProto, model: &ModelProto) -> (Vec<bool>, HashMap<usize, NodeProto>) {
+    let w = Wiring::new(g, model);
     let chains: Vec<Chain> = (0..g.node.len())
         .filter_map(|at| chain(g, &w, at))
         .collect();
