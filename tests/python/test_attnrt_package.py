@@ -137,6 +137,29 @@ def test_quantized_models_fuse_and_stay_exact(tmp_path, name):
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL)
 
 
+def test_a_merged_decoder_fuses_inside_its_branches_and_runs_in_onnxruntime(tmp_path):
+    """optimum's merged decoder keeps its blocks in the two branches of one If: each branch is
+    fused (the report names it), the emitted model passes the ONNX checker, and ONNX Runtime and
+    attnrt give PyTorch's outputs on either branch."""
+    import onnx
+
+    model = MODELS / "whisper_optimum.decoder_merged.onnx"
+    path, report = attnrt.fuse(model, output=tmp_path / "fused.onnx")
+    assert len(report.blocks) == 8
+    branches = {b["softmax"].split(": ")[0] for b in report.blocks}
+    assert branches == {"optimum::if/then_branch", "optimum::if/else_branch"}, branches
+    onnx.checker.check_model(onnx.load(path), full_check=True)
+    fused_ort = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    sess = attnrt.InferenceSession(model)
+    for case in ("prefill", "decode_p4_n1"):
+        feed = feeds(f"whisper_optimum.decoder_merged.{case}.inputs.npz")
+        with np.load(MODELS / f"whisper_optimum.decoder_merged.{case}.outputs.npz") as want:
+            for got in (dict(zip([o.name for o in fused_ort.get_outputs()], fused_ort.run(None, feed))),
+                        dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))):
+                for name in want.files:
+                    np.testing.assert_allclose(got[name], want[name], atol=ATOL, rtol=RTOL)
+
+
 def near_miss_model() -> bytes:
     """Q·Kᵀ → Softmax over the query axis (axis 2) → ·V: attention-shaped, never fused."""
     from onnx import TensorProto, helper

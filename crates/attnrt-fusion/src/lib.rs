@@ -60,6 +60,7 @@
 
 pub mod activations;
 pub mod attention;
+mod branches;
 pub mod graph;
 pub mod masks;
 pub mod mismatch;
@@ -118,7 +119,9 @@ pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
         true => pass::run(&GeluPass, base, &mut report)?,
         false => None,
     };
-    match gelu.or(attention) {
+    let top = gelu.or(attention);
+    let branched = branches::fuse_branches(top.as_ref().unwrap_or(model), options, &mut report)?;
+    match branched.or(top) {
         Some(model) => Ok(Fused { model, report }),
         None => {
             report.opset_after = opset_before;
