@@ -383,3 +383,96 @@ fn rows_stop_at_their_own_eos() {
     let err = g.generate(&no_prompt, |_| {}).unwrap_err().to_string();
     assert!(err.contains("prompt 1 is empty"), "{err}");
 }
+
+/// A merged decoder (one `If` on `use_cache_branch`, optimum's older layout) built from
+/// `llama_cache_optimum`: the no-cache branch also adds 1000 to token 7's logit, so the first
+/// token shows which branch ran. Generation feeds false on the first step and true after: the
+/// first token is 7 and the rest are the plain decoder's continuation of prompt + 7, fused or not.
+#[test]
+fn a_merged_decoder_takes_its_no_cache_branch_first_and_its_cache_branch_after() {
+    use attnrt_onnx::proto::attribute_proto::AttributeType;
+    use attnrt_onnx::{AttributeProto, GraphProto, NodeProto};
+    let plain = load("llama_cache_optimum.onnx");
+    let g = plain.graph.clone().unwrap();
+    let then_branch = GraphProto {
+        name: "with_past".into(),
+        node: g.node.clone(),
+        output: g.output.clone(),
+        ..GraphProto::default()
+    };
+    let mut forced = g.node.clone();
+    for n in &mut forced {
+        for o in n.output.iter_mut().filter(|o| *o == "logits") {
+            *o = "logits_raw".into();
+        }
+    }
+    forced.push(NodeProto {
+        name: "force_7".into(),
+        op_type: "Add".into(),
+        input: vec!["logits_raw".into(), "force".into()],
+        output: vec!["logits".into()],
+        ..NodeProto::default()
+    });
+    let mut bias = vec![0.0f32; 100];
+    bias[7] = 1000.0;
+    let else_branch = GraphProto {
+        name: "no_past".into(),
+        node: forced,
+        initializer: vec![attnrt_onnx::tensor::from_f32("force", &[100], &bias)],
+        output: g.output.clone(),
+        ..GraphProto::default()
+    };
+    let branch = |name: &str, graph: GraphProto| AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Graph as i32,
+        g: Some(graph),
+        ..AttributeProto::default()
+    };
+    let choose = NodeProto {
+        name: "optimum::if".into(),
+        op_type: "If".into(),
+        input: vec!["use_cache_branch".into()],
+        output: g.output.iter().map(|o| o.name.clone()).collect(),
+        attribute: vec![
+            branch("then_branch", then_branch),
+            branch("else_branch", else_branch),
+        ],
+        ..NodeProto::default()
+    };
+    let mut merged = plain.clone();
+    let mg = merged.graph.as_mut().unwrap();
+    mg.node = vec![choose];
+    mg.input.push(attnrt_testkit::value_info(
+        "use_cache_branch",
+        attnrt_onnx::DataType::Bool,
+        &[1i64],
+    ));
+    let threads = Threads::new(Some(1)).unwrap();
+    let continuation = Generator::new(&plain, None, &threads, "plain")
+        .unwrap()
+        .generate(&greedy(vec![vec![3, 14, 15, 7]], 4), |_| {})
+        .unwrap()
+        .tokens;
+    let fused = fuse(&merged, &FusionOptions::default()).unwrap();
+    assert_eq!(fused.report.blocks.len(), 4, "both branches' blocks fuse");
+    for (what, model) in [("merged", &merged), ("fused merged", &fused.model)] {
+        let g = Generator::new(model, None, &threads, what).unwrap();
+        assert_eq!(
+            g.signature().cache_branch.as_deref(),
+            Some("use_cache_branch")
+        );
+        let tokens = g
+            .generate(&greedy(vec![vec![3, 14, 15]], 5), |_| {})
+            .unwrap()
+            .tokens;
+        assert_eq!(
+            tokens[0], 7,
+            "{what}: the first step runs the no-cache branch"
+        );
+        assert_eq!(
+            tokens[1..],
+            continuation,
+            "{what}: later steps run the cache branch"
+        );
+    }
+}

@@ -43,6 +43,9 @@ pub struct DecoderSignature {
     pub past_dim: String,
     /// The `dim_param` of the attention mask's length, when it is its own name.
     pub total_dim: Option<String>,
+    /// The boolean input that chooses a merged decoder's branch (optimum's
+    /// `use_cache_branch`): fed false on the first step (no cache yet), true after.
+    pub cache_branch: Option<String>,
 }
 
 fn dims(v: &ValueInfoProto) -> Option<(i32, Vec<DimValue>)> {
@@ -112,16 +115,19 @@ impl DecoderSignature {
         let (input_ids, ids_type) = token_input(&inputs, "input_ids", what)?;
         let attention_mask = optional_int_input(&inputs, "attention_mask");
         let position_ids = optional_int_input(&inputs, "position_ids");
+        // A merged decoder's `use_cache_branch`: false on the first step, true after.
+        let cache_branch = attnrt_onnx::branch::branch_inputs(model).into_iter().next();
         for i in &inputs {
             let known = [
                 Some(input_ids.as_str()),
                 attention_mask.as_ref().map(|m| m.0.as_str()),
                 position_ids.as_ref().map(|p| p.0.as_str()),
+                cache_branch.as_deref(),
             ];
             if !known.contains(&Some(i.name.as_str())) && !pasts.iter().any(|p| p.name == i.name) {
                 bail!(
-                    "{what}: input '{}' is none of token ids, attention mask, position ids or \
-                     cache; `attnrt generate` cannot feed it",
+                    "{what}: input '{}' is none of token ids, attention mask, position ids, \
+                     cache or cache branch; `attnrt generate` cannot feed it",
                     i.name
                 );
             }
@@ -143,6 +149,7 @@ impl DecoderSignature {
             vocab,
             past_dim,
             total_dim,
+            cache_branch,
         })
     }
 

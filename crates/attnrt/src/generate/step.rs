@@ -25,6 +25,7 @@ pub struct StepInputs {
     mask: Option<(String, i32)>,
     positions: Option<(String, i32)>,
     input_ids: String,
+    cache_branch: Option<String>,
 }
 
 /// The token a pad position holds (masked out, so any id in the vocabulary does).
@@ -94,6 +95,7 @@ impl StepInputs {
             mask: sig.attention_mask.clone(),
             positions: sig.position_ids.clone(),
             input_ids: sig.input_ids.clone(),
+            cache_branch: sig.cache_branch.clone(),
         })
     }
 
@@ -130,8 +132,20 @@ impl StepInputs {
                 tensor: rows(&self.position_rows, *ty)?,
             });
         }
+        t.extend(self.branch_input(self.past > 0)?);
         t.append(&mut self.cache);
         Ok(t)
+    }
+
+    /// A merged decoder's `use_cache_branch` holding `with_cache`.
+    fn branch_input(&self, with_cache: bool) -> Result<Option<NamedTensor>> {
+        let Some(name) = &self.cache_branch else {
+            return Ok(None);
+        };
+        Ok(Some(NamedTensor {
+            name: name.clone(),
+            tensor: Tensor::from_shape(&[1], &[with_cache])?,
+        }))
     }
 
     /// Inputs shaped like the first decode step's after this prefill (one token per row, a past
@@ -166,6 +180,7 @@ impl StepInputs {
                 tensor,
             });
         }
+        t.extend(self.branch_input(true)?);
         Ok(t)
     }
 
