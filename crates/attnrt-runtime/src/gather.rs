@@ -12,7 +12,7 @@
 use tract_onnx::model::ParsingContext;
 use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
-use tract_onnx::tract_core::ops::array::Gather;
+use tract_onnx::tract_core::ops::array::{Gather, GatherElements};
 use tract_onnx::tract_core::ops::cast::cast;
 use tract_onnx::tract_hir::internal::*;
 
@@ -23,17 +23,36 @@ pub const OP_NAME: &str = "AttnrtGather";
 
 /// attnrt's `Gather` parser, wrapping tract's (registered by the op registry in every session,
 /// whatever its switches: an unchecked index is a panic, never a choice).
-pub(crate) static PARSER: OnnxParser = OnnxParser::new("Gather", parse);
+pub(crate) static PARSER: OnnxParser = OnnxParser::new("Gather", parse_rows);
 
-fn parse(
+/// The same for `GatherElements`, whose tract op indexes without a bounds check too.
+pub(crate) static ELEMENTS_PARSER: OnnxParser = OnnxParser::new("GatherElements", parse_elements);
+
+fn parse_rows(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    let (op, extra, expansion) = PARSER.parse_as_tract(ctx, node)?;
+    parse(&PARSER, ctx, node)
+}
+
+fn parse_elements(
+    ctx: &ParsingContext,
+    node: &NodeProto,
+) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
+    parse(&ELEMENTS_PARSER, ctx, node)
+}
+
+fn parse(
+    parser: &'static OnnxParser,
+    ctx: &ParsingContext,
+    node: &NodeProto,
+) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
+    let (op, extra, expansion) = parser.parse_as_tract(ctx, node)?;
     let Some(tract) = expansion else {
         return Ok((op, extra));
     };
     let gather = GatherRows {
+        op_type: parser.op_type,
         node: node.name.clone(),
         axis: node.get_attr_opt("axis")?.unwrap_or(0),
         tract,
@@ -44,6 +63,8 @@ fn parse(
 /// The parsed `Gather`: tract's shape rules, wired as [`CheckedGather`].
 #[derive(Debug, Clone)]
 struct GatherRows {
+    /// `Gather` or `GatherElements`.
+    op_type: &'static str,
     node: String,
     axis: i64,
     tract: Box<dyn Expansion>,
@@ -62,7 +83,14 @@ impl Expansion for GatherRows {
     ) -> InferenceResult {
         check_input_arity(inputs, 2)?;
         s.given(&inputs[0].rank, move |_, rank| {
-            axis_in_rank("Gather", &self.node, self.axis, rank as usize, "its data").map(drop)
+            axis_in_rank(
+                self.op_type,
+                &self.node,
+                self.axis,
+                rank as usize,
+                "its data",
+            )
+            .map(drop)
         })?;
         Expansion::rules(&*self.tract, s, inputs, outputs)
     }
@@ -74,15 +102,19 @@ impl Expansion for GatherRows {
         inputs: &[OutletId],
     ) -> TractResult<TVec<OutletId>> {
         let rank = model.outlet_fact(inputs[0])?.rank();
-        let axis = axis_in_rank("Gather", &self.node, self.axis, rank, "its data")?;
+        let axis = axis_in_rank(self.op_type, &self.node, self.axis, rank, "its data")?;
         let indices = model.wire_node(
             format!("{prefix}.cast_to_i64"),
             cast(i64::datum_type()),
             &[inputs[1]],
         )?[0];
+        let gather = match self.op_type {
+            "GatherElements" => Gathered::Elements(GatherElements::new(axis)),
+            _ => Gathered::Rows(Gather::new(axis)),
+        };
         let op = CheckedGather {
             node: self.node.clone(),
-            gather: Gather::new(axis),
+            gather,
         };
         model.wire_node(prefix, op, &[inputs[0], indices])
     }
@@ -94,7 +126,39 @@ impl Expansion for GatherRows {
 pub struct CheckedGather {
     /// ONNX node name, for errors.
     pub node: String,
-    gather: Gather,
+    gather: Gathered,
+}
+
+/// The tract op a [`CheckedGather`] runs once the indices are checked.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Gathered {
+    /// ONNX `Gather`: whole slices of the data along the axis.
+    Rows(Gather),
+    /// ONNX `GatherElements`: one element per index.
+    Elements(GatherElements),
+}
+
+impl Gathered {
+    fn axis(&self) -> usize {
+        match self {
+            Gathered::Rows(g) => g.axis,
+            Gathered::Elements(g) => g.axis,
+        }
+    }
+
+    fn op_type(&self) -> &'static str {
+        match self {
+            Gathered::Rows(_) => "Gather",
+            Gathered::Elements(_) => "GatherElements",
+        }
+    }
+
+    fn typed(&self) -> Box<dyn TypedOp> {
+        match self {
+            Gathered::Rows(g) => Box::new(g.clone()),
+            Gathered::Elements(g) => Box::new(g.clone()),
+        }
+    }
 }
 
 impl CheckedGather {
@@ -108,9 +172,10 @@ impl CheckedGather {
             .find(|&&i| !(-n..n).contains(&i));
         match bad {
             Some(i) => bail!(
-                "Gather node '{}': index {i} is outside [-{n}, {n}), the extent of axis {} of its data",
+                "{} node '{}': index {i} is outside [-{n}, {n}), the extent of axis {} of its data",
+                self.gather.op_type(),
                 self.node,
-                self.gather.axis
+                self.gather.axis()
             ),
             None => Ok(()),
         }
@@ -125,7 +190,8 @@ impl Op for CheckedGather {
     fn info(&self) -> TractResult<Vec<String>> {
         Ok(vec![format!(
             "node {}: axis {}",
-            self.node, self.gather.axis
+            self.node,
+            self.gather.axis()
         )])
     }
 
@@ -136,9 +202,12 @@ impl EvalOp for CheckedGather {
     op_out_of_plan!();
 
     fn eval(&self, ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        let extent = inputs[0].shape()[self.gather.axis];
+        let extent = inputs[0].shape()[self.gather.axis()];
         self.check(&inputs[1], extent)?;
-        EvalOp::eval(&self.gather, ctx, inputs)
+        match &self.gather {
+            Gathered::Rows(g) => EvalOp::eval(g, ctx, inputs),
+            Gathered::Elements(g) => EvalOp::eval(g, ctx, inputs),
+        }
     }
 }
 
@@ -146,7 +215,7 @@ impl TypedOp for CheckedGather {
     as_op!();
 
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
-        self.gather.output_facts(inputs)
+        self.gather.typed().output_facts(inputs)
     }
 
     /// Constant indices are checked here, once; the node then becomes tract's `Gather`.
@@ -157,11 +226,11 @@ impl TypedOp for CheckedGather {
     ) -> TractResult<Option<TypedModelPatch>> {
         let data = model.outlet_fact(node.inputs[0])?;
         let indices = model.outlet_fact(node.inputs[1])?;
-        let (Some(konst), Ok(extent)) = (&indices.konst, data.shape[self.gather.axis].to_usize())
+        let (Some(konst), Ok(extent)) = (&indices.konst, data.shape[self.gather.axis()].to_usize())
         else {
             return Ok(None);
         };
         self.check(konst, extent)?;
-        TypedModelPatch::replace_single_op(model, node, &node.inputs, self.gather.clone()).map(Some)
+        TypedModelPatch::replace_single_op(model, node, &node.inputs, self.gather.typed()).map(Some)
     }
 }

@@ -100,7 +100,7 @@ pub(crate) static OPS: &[RuntimeOp] = &[
     // tract's in every report, and in every session.
     RuntimeOp {
         name: gather::OP_NAME,
-        parsers: &[&gather::PARSER],
+        parsers: &[&gather::PARSER, &gather::ELEMENTS_PARSER],
         counts_as: Counted::Other,
         switch: Switch::Always,
     },

@@ -96,3 +96,37 @@ fn a_constant_index_past_the_table_fails_the_build_naming_the_node() {
         }
     }
 }
+
+/// `GatherElements` indexes without a bounds check in tract too (seed 43 case 29, a Concat
+/// turned into GatherElements over an empty cache, panicked): its indices are checked the same
+/// way, and good ones give ONNX's values.
+#[test]
+fn a_gather_elements_index_out_of_range_names_the_node() {
+    let mut g = GraphBuilder::new("elements");
+    g.initializer(tensor_f32("data", &[2, 3], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]));
+    g.input(value_info("idx", DataType::Int64, &[2i64, 2]));
+    let mut n = node("/ge", "GatherElements", &["data", "idx"], &["y"]);
+    n.attribute.push(attnrt_onnx::attr::make_int("axis", 1));
+    g.node(n);
+    g.output(float_value("y", &[2, 2]));
+    let threads = Threads::new(Some(1)).unwrap();
+    let s = Session::new(
+        &g.into_model(17),
+        &threads,
+        "ge.onnx",
+        &SessionOptions::default(),
+    )
+    .unwrap();
+    let feed = |v: [i64; 4]| NamedTensor {
+        name: "idx".into(),
+        tensor: Tensor::from_shape(&[2, 2], &v).unwrap(),
+    };
+    let y = s.run(&[feed([2, 0, -1, 1])]).unwrap();
+    assert_eq!(first_f32(&y), [2.0, 0.0, 5.0, 4.0]);
+    let err = format!("{:#}", s.run(&[feed([0, 3, 0, 0])]).unwrap_err());
+    assert!(err.contains("GatherElements node '/ge'"), "{err}");
+    assert!(
+        err.contains("index 3 is outside [-3, 3)") && !err.contains("panic"),
+        "{err}"
+    );
+}

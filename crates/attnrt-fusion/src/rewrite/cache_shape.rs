@@ -80,7 +80,7 @@ pub(super) fn replace_readers(
 /// `Shape`'s `start`/`end` on a rank-4 input, clamped as the spec says.
 fn shape_range(n: &attnrt_onnx::NodeProto) -> Result<(usize, usize)> {
     let rank = 4i64;
-    let norm = |v: i64| (if v < 0 { v + rank } else { v }).clamp(0, rank) as usize;
+    let norm = |v: i64| (if v < 0 { v.saturating_add(rank) } else { v }).clamp(0, rank) as usize;
     let start = norm(attr::int(n, "start")?.unwrap_or(0));
     let end = norm(attr::int(n, "end")?.unwrap_or(rank));
     Ok((start, end.max(start)))

@@ -51,7 +51,13 @@ pub(super) fn identity(f: &mut Facts, n: &NodeProto) {
 pub(super) fn shape(f: &mut Facts, n: &NodeProto) {
     let Some(s) = f.in_shape(n, 0) else { return };
     let r = s.len() as i64;
-    let norm = |x: i64| if x < 0 { (x + r).clamp(0, r) } else { x.min(r) };
+    let norm = |x: i64| {
+        if x < 0 {
+            x.saturating_add(r).clamp(0, r)
+        } else {
+            x.min(r)
+        }
+    };
     let start = norm(attr::int(n, "start").ok().flatten().unwrap_or(0));
     let end = norm(attr::int(n, "end").ok().flatten().unwrap_or(r));
     let dims: Vec<Dim> = if start < end {

@@ -185,6 +185,9 @@ fn sliced_dim(d: &Dim, start: i64, end: &Dim) -> Option<Dim> {
         return (d == end || d.as_known().is_some()).then(|| end.clone());
     }
     let (len, e) = (d.as_known()?, end.as_known()?);
+    if len < 0 {
+        return None; // a hostile model's negative extent: nothing to infer
+    }
     let (b, e) = slice_range(start, e, len);
     Some(Dim::known((e - b).max(0)))
 }
@@ -192,7 +195,7 @@ fn sliced_dim(d: &Dim, start: i64, end: &Dim) -> Option<Dim> {
 fn slice_range(start: i64, end: i64, len: i64) -> (i64, i64) {
     let norm = |x: i64| {
         if x < 0 {
-            (x + len).clamp(0, len)
+            x.saturating_add(len).clamp(0, len.max(0))
         } else {
             x.min(len)
         }
