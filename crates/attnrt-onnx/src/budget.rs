@@ -215,22 +215,19 @@ fn address_space_limit(limits: &str) -> Option<u64> {
 
 /// `VmSize` of a `/proc/self/status` text, in bytes.
 fn vm_size(status: &str) -> Option<u64> {
-    let kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmSize:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse::<u64>()
-        .ok()?;
-    Some(kib.saturating_mul(1024))
+    kib_field(status, "VmSize:")
 }
 
 /// `MemAvailable` of a `/proc/meminfo` text, in bytes.
 fn mem_available(meminfo: &str) -> Option<u64> {
-    let kib = meminfo
+    kib_field(meminfo, "MemAvailable:")
+}
+
+/// The value of the line `{key} N kB` of a `/proc` text, in bytes.
+fn kib_field(text: &str, key: &str) -> Option<u64> {
+    let kib = text
         .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .find_map(|l| l.strip_prefix(key))?
         .trim()
         .strip_suffix("kB")?
         .trim()

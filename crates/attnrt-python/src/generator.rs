@@ -37,13 +37,7 @@ impl DecoderModel {
         let (proto, what) = load_model(model)?;
         py.detach(|| -> anyhow::Result<DecoderModel> {
             let threads = Threads::new(threads)?;
-            let (proto, report) = if fuse {
-                let fused = attnrt::fuse(&proto)
-                    .map_err(|e| e.context(format!("{what}: fusion failed")))?;
-                (fused.model, Some(serde_json::to_string(&fused.report)?))
-            } else {
-                (proto, None)
-            };
+            let (proto, report) = crate::fused_if(proto, &what, fuse)?;
             let options = SessionOptions {
                 max_memory: budget,
                 ..SessionOptions::default()

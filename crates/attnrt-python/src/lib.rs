@@ -42,6 +42,20 @@ pub(crate) fn py_err(e: anyhow::Error) -> PyErr {
     AttnrtError::new_err(format!("{e:#}"))
 }
 
+/// `model` fused when `fuse` (its report as JSON beside it), else as given; `what` names it in
+/// the error.
+pub(crate) fn fused_if(
+    model: ModelProto,
+    what: &str,
+    fuse: bool,
+) -> anyhow::Result<(ModelProto, Option<String>)> {
+    if !fuse {
+        return Ok((model, None));
+    }
+    let fused = attnrt::fuse(&model).map_err(|e| e.context(format!("{what}: fusion failed")))?;
+    Ok((fused.model, Some(serde_json::to_string(&fused.report)?)))
+}
+
 /// The memory budget of `max_memory=` (bytes, or a size such as `8G`), else the machine's
 /// default; its error tells the user to raise `max_memory=`.
 pub(crate) fn memory_budget(max_memory: Option<String>) -> PyResult<attnrt::MemoryBudget> {

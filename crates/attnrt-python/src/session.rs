@@ -96,13 +96,7 @@ fn build(
     max_memory: MemoryBudget,
 ) -> anyhow::Result<Session> {
     let threads = Threads::new(threads)?;
-    let (model, report) = if fuse {
-        let fused =
-            attnrt::fuse(&model).map_err(|e| e.context(format!("{what}: fusion failed")))?;
-        (fused.model, Some(serde_json::to_string(&fused.report)?))
-    } else {
-        (model, None)
-    };
+    let (model, report) = crate::fused_if(model, what, fuse)?;
     let declared = declared_inputs(&model)?;
     let (inputs, outputs) = signature(&model);
     let options = SessionOptions {
