@@ -63,18 +63,15 @@ fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    let (op, extra, expansion) = parser.parse_as_tract(ctx, node)?;
-    let Some(tract) = expansion else {
-        return Ok((op, extra));
-    };
-    let division = Division {
-        check: CheckedDivision {
-            op_type: parser.op_type,
-            node: node.name.clone(),
-        },
-        tract,
-    };
-    Ok((expand(division), extra))
+    parser.wrap_expansion(ctx, node, |tract| {
+        Ok(expand(Division {
+            check: CheckedDivision {
+                op_type: parser.op_type,
+                node: node.name.clone(),
+            },
+            tract,
+        }))
+    })
 }
 
 /// The parsed `Div` or `Mod`: tract's shape rules and expansion, wired behind a

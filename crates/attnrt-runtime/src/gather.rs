@@ -47,17 +47,14 @@ fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    let (op, extra, expansion) = parser.parse_as_tract(ctx, node)?;
-    let Some(tract) = expansion else {
-        return Ok((op, extra));
-    };
-    let gather = GatherRows {
-        op_type: parser.op_type,
-        node: node.name.clone(),
-        axis: node.get_attr_opt("axis")?.unwrap_or(0),
-        tract,
-    };
-    Ok((expand(gather), extra))
+    parser.wrap_expansion(ctx, node, |tract| {
+        Ok(expand(GatherRows {
+            op_type: parser.op_type,
+            node: node.name.clone(),
+            axis: node.get_attr_opt("axis")?.unwrap_or(0),
+            tract,
+        }))
+    })
 }
 
 /// The parsed `Gather`: tract's shape rules, wired as [`CheckedGather`].

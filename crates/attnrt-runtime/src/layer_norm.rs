@@ -58,22 +58,19 @@ fn parse_with(
     node: &NodeProto,
     native: bool,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    let (op, extra, expansion) = parser.parse_as_tract(ctx, node)?;
-    let only_y = node.output.iter().skip(1).all(|o| o.is_empty());
-    let stash = node
-        .get_attr_opt::<DatumType>("stash_type")?
-        .unwrap_or(DatumType::F32);
-    let Some(expansion) = expansion else {
-        return Ok((op, extra));
-    };
-    let rows = LayerNormRows {
-        node: node.name.clone(),
-        axis: node.get_attr_opt("axis")?.unwrap_or(-1),
-        epsilon: node.get_attr_opt("epsilon")?.unwrap_or(1e-5),
-        native: native && only_y && stash == DatumType::F32,
-        tract: expansion,
-    };
-    Ok((expand(rows), extra))
+    parser.wrap_expansion(ctx, node, |tract| {
+        let only_y = node.output.iter().skip(1).all(|o| o.is_empty());
+        let stash = node
+            .get_attr_opt::<DatumType>("stash_type")?
+            .unwrap_or(DatumType::F32);
+        Ok(expand(LayerNormRows {
+            node: node.name.clone(),
+            axis: node.get_attr_opt("axis")?.unwrap_or(-1),
+            epsilon: node.get_attr_opt("epsilon")?.unwrap_or(1e-5),
+            native: native && only_y && stash == DatumType::F32,
+            tract,
+        }))
+    })
 }
 
 /// The parsed `LayerNormalization`: tract's shape rules; wiring picks [`LayerNormOp`] when it

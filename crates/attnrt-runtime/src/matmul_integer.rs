@@ -30,18 +30,15 @@ fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    let (op, extra, expansion) = PARSER.parse_as_tract(ctx, node)?;
-    let Some(tract) = expansion else {
-        return Ok((op, extra));
-    };
-    let mut zero_points = optional_inputs(node).skip(2);
-    let parsed = ConstantWeight {
-        node: node.name.clone(),
-        a_zero_point: zero_points.next().flatten(),
-        b_zero_point: zero_points.next().flatten(),
-        tract,
-    };
-    Ok((expand(parsed), extra))
+    PARSER.wrap_expansion(ctx, node, |tract| {
+        let mut zero_points = optional_inputs(node).skip(2);
+        Ok(expand(ConstantWeight {
+            node: node.name.clone(),
+            a_zero_point: zero_points.next().flatten(),
+            b_zero_point: zero_points.next().flatten(),
+            tract,
+        }))
+    })
 }
 
 /// The parsed node: tract's shape rules; wiring picks [`MatMulIntegerOp`] when it can.

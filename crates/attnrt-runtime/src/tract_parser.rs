@@ -65,6 +65,21 @@ impl OnnxParser {
         let expansion = op.as_op().downcast_ref::<Box<dyn Expansion>>().cloned();
         Ok((op, extra, expansion))
     }
+
+    /// tract's parse of `node` with its expansion handed to `wrap`, which builds attnrt's op
+    /// around it; an op tract does not expand is kept as tract made it.
+    pub(crate) fn wrap_expansion(
+        &self,
+        ctx: &ParsingContext,
+        node: &NodeProto,
+        wrap: impl FnOnce(Box<dyn Expansion>) -> TractResult<Box<dyn InferenceOp>>,
+    ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
+        let (op, extra, expansion) = self.parse_as_tract(ctx, node)?;
+        match expansion {
+            Some(tract) => Ok((wrap(tract)?, extra)),
+            None => Ok((op, extra)),
+        }
+    }
 }
 
 /// A node's `axis` attribute counted from 0 when inside `[-rank, rank)` of the input it indexes

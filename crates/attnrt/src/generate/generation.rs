@@ -102,28 +102,24 @@ impl Generation {
     }
 }
 
-/// What chooses a step's tokens: one sampler per row, and each row's tokens seen so far
-/// (prompt and generated; `None` for a finished row, which chooses nothing).
-pub(super) struct Chooser;
-
-impl Chooser {
-    /// Each unfinished row's token from its row of `logits`.
-    pub(super) fn choose(
-        samplers: &mut [Sampler],
-        seen: &[Option<Vec<i64>>],
-        logits: &[Vec<f32>],
-    ) -> Result<Vec<Option<i64>>> {
-        samplers
-            .iter_mut()
-            .zip(seen)
-            .zip(logits)
-            .map(|((sampler, seen), row)| {
-                seen.as_ref()
-                    .map(|seen| sampler.next_token(row, seen))
-                    .transpose()
-            })
-            .collect()
-    }
+/// Each unfinished row's token from its row of `logits`, drawn by its sampler given the
+/// row's tokens seen so far (prompt and generated; `None` for a finished row, which chooses
+/// nothing).
+pub(super) fn choose(
+    samplers: &mut [Sampler],
+    seen: &[Option<Vec<i64>>],
+    logits: &[Vec<f32>],
+) -> Result<Vec<Option<i64>>> {
+    samplers
+        .iter_mut()
+        .zip(seen)
+        .zip(logits)
+        .map(|((sampler, seen), row)| {
+            seen.as_ref()
+                .map(|seen| sampler.next_token(row, seen))
+                .transpose()
+        })
+        .collect()
 }
 
 /// Each row's generated tokens, and why it finished, once it has.

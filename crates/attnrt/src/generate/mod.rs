@@ -32,7 +32,7 @@ use crate::harness::{OutputDiff, Tolerance};
 
 pub use context::ContextLimit;
 pub use generation::Generation;
-use generation::{Chooser, Rows};
+use generation::{choose, Rows};
 pub use sampling::{Sampler, SamplingOptions};
 pub use signature::{CacheSlot, DecoderSignature};
 use step::{last_logits, StepInputs};
@@ -355,13 +355,12 @@ impl Generator {
         let seen = g.rows.seen(&g.options.prompts);
         // The reference draws with the same state of the streams, so both see the same `u`.
         let mut twins = g.samplers.clone();
-        let tokens = Chooser::choose(&mut g.samplers, &seen, &last_logits(&logits)?)?;
+        let tokens = choose(&mut g.samplers, &seen, &last_logits(&logits)?)?;
         let check = match (g.theirs.as_mut(), &self.reference) {
             (Some(t), Some(reference)) => {
                 let outputs = reference.run_owned(t.take_tensors()?)?;
                 let reference_logits = t.take_outputs(&self.signature, outputs)?;
-                let reference_tokens =
-                    Chooser::choose(&mut twins, &seen, &last_logits(&reference_logits)?)?;
+                let reference_tokens = choose(&mut twins, &seen, &last_logits(&reference_logits)?)?;
                 let tol = g.options.check.unwrap_or_default();
                 let diff = crate::harness::diff_tensor(
                     &self.signature.logits,

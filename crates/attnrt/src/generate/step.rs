@@ -116,24 +116,38 @@ impl StepInputs {
 
     /// The step's inputs; the cache tensors move out (the outputs bring the next ones).
     pub fn take_tensors(&mut self) -> Result<Vec<NamedTensor>> {
+        let mut t = self.feeds(
+            &self.tokens,
+            &self.mask_rows,
+            &self.position_rows,
+            self.past > 0,
+        )?;
+        t.append(&mut self.cache);
+        Ok(t)
+    }
+
+    /// The inputs besides the cache: token ids, the mask and positions where the model takes
+    /// them (`[rows, len]` each), and a merged decoder's `use_cache_branch`.
+    fn feeds(
+        &self,
+        ids: &[Vec<i64>],
+        mask: &[Vec<i64>],
+        positions: &[Vec<i64>],
+        with_cache: bool,
+    ) -> Result<Vec<NamedTensor>> {
         let mut t = vec![NamedTensor {
             name: self.input_ids.clone(),
-            tensor: rows(&self.tokens, self.ids_type)?,
+            tensor: rows(ids, self.ids_type)?,
         }];
-        if let Some((name, ty)) = &self.mask {
-            t.push(NamedTensor {
-                name: name.clone(),
-                tensor: rows(&self.mask_rows, *ty)?,
-            });
+        for (input, values) in [(&self.mask, mask), (&self.positions, positions)] {
+            if let Some((name, ty)) = input {
+                t.push(NamedTensor {
+                    name: name.clone(),
+                    tensor: rows(values, *ty)?,
+                });
+            }
         }
-        if let Some((name, ty)) = &self.positions {
-            t.push(NamedTensor {
-                name: name.clone(),
-                tensor: rows(&self.position_rows, *ty)?,
-            });
-        }
-        t.extend(self.branch_input(self.past > 0)?);
-        t.append(&mut self.cache);
+        t.extend(self.branch_input(with_cache)?);
         Ok(t)
     }
 
@@ -154,24 +168,7 @@ impl StepInputs {
         let (batch, past) = (self.batch(), self.past + self.fed());
         let ones = vec![vec![1; past + 1]; batch];
         let ids = vec![vec![PAD]; batch];
-        let mut t = vec![NamedTensor {
-            name: self.input_ids.clone(),
-            tensor: rows(&ids, self.ids_type)?,
-        }];
-        if let Some((name, ty)) = &self.mask {
-            let tensor = rows(&ones, *ty)?;
-            t.push(NamedTensor {
-                name: name.clone(),
-                tensor,
-            });
-        }
-        if let Some((name, ty)) = &self.positions {
-            let tensor = rows(&ids, *ty)?;
-            t.push(NamedTensor {
-                name: name.clone(),
-                tensor,
-            });
-        }
+        let mut t = self.feeds(&ids, &ones, &ids, true)?;
         for c in &sig.cache {
             let tensor =
                 Tensor::zero_dt(datum(c.elem_type)?, &[batch, c.heads, past, c.head_size])?;
@@ -180,7 +177,6 @@ impl StepInputs {
                 tensor,
             });
         }
-        t.extend(self.branch_input(true)?);
         Ok(t)
     }
 
