@@ -79,11 +79,6 @@ impl Problem {
 
     /// The 3-D `[B, L, H·D]` layout, as the runtime passes ONNX tensors.
     fn run(&mut self, isa: Isa, variant: Variant, use_reference: bool) {
-        self.run_on(KernelSet::for_isa(isa).unwrap(), variant, use_reference)
-    }
-
-    /// [`Problem::run`] on the kernels of `kernels`.
-    fn run_on(&mut self, kernels: KernelSet, variant: Variant, use_reference: bool) {
         let (h, l, d) = (self.heads, self.len, self.head_dim);
         let q = View4::from_bshd(&self.q, 1, l, h, d).unwrap();
         let k = View4::from_bshd(&self.k, 1, l, h, d).unwrap();
@@ -109,6 +104,7 @@ impl Problem {
         if use_reference {
             reference::attention(&q, &k, &v, &mask, &params, &mut out).unwrap();
         } else {
+            let kernels = KernelSet::for_isa(isa).unwrap();
             attention(&kernels, &q, &k, &v, &mask, &params, &mut out).unwrap();
         }
     }
@@ -164,10 +160,6 @@ fn bench_case(
 }
 
 fn benches(c: &mut Criterion) {
-    // `-- flash_ab` runs the A/B comparison alone (the rounds below are not criterion cases).
-    if std::env::args().skip(1).any(|a| a.starts_with("flash_ab")) {
-        return;
-    }
     let best = Isa::best_available();
     let peak_before = attnrt_benches::measured_fma_peak_gflops();
     bench_case(
@@ -341,97 +333,5 @@ fn interleaved_share(isa: Isa, len: usize, rounds: usize) -> Shares {
     }
 }
 
-/// The generic flash kernel (new) against the macro-expanded one it replaces (old), on every
-/// ISA path of this CPU, 1 thread, B=1 H=12 D=64, L ∈ {128, 512}, dense, causal and the three
-/// padding masks: criterion cases `flash_ab/<isa>/<case>/{old,new}`, then paired rounds (each
-/// round times a batch of calls of both, in alternating order) and the quartiles of the
-/// per-round ratios new/old (`AB` lines). Filter with `-- flash_ab`.
-fn ab_benches(c: &mut Criterion) {
-    let variants = [
-        ("dense", Variant::Dense),
-        ("causal", Variant::Causal),
-        ("mask-row", Variant::MaskRow),
-        ("mask-full", Variant::MaskFull),
-        ("mask-varying", Variant::MaskVarying),
-    ];
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    let mut lines = Vec::new();
-    for isa in Isa::available() {
-        for len in [128, 512] {
-            for (name, variant) in variants {
-                let case = format!("flash_ab/{isa}/L{len}-{name}");
-                if !ab_selected(&case) {
-                    continue;
-                }
-                let mut p = Problem::new(12, len, 64);
-                let sets = [true, false].map(|old| KernelSet::for_isa(isa).unwrap().with_legacy_flash(old));
-                let mut g = c.benchmark_group(&case);
-                g.throughput(Throughput::Elements(p.flops()));
-                g.sample_size(10);
-                g.warm_up_time(Duration::from_millis(300));
-                g.measurement_time(Duration::from_secs(1));
-                for (label, set) in ["old", "new"].into_iter().zip(sets) {
-                    g.bench_function(label, |b| {
-                        b.iter(|| pool.install(|| p.run_on(set, variant, false)))
-                    });
-                }
-                g.finish();
-                let (ratios, best) = pool.install(|| ab_rounds(&mut p, sets, variant));
-                let [p25, median, p75] = attnrt_benches::quartiles(&ratios);
-                lines.push(format!(
-                    "AB {case:<34} {:>6} {p25:>8.3} {median:>8.3} {p75:>8.3} {best:>8.3}",
-                    ratios.len()
-                ));
-            }
-        }
-    }
-    println!("\nflash kernel, new (generic) / old (macro) time per call, 1 thread; paired rounds, quartiles of the per-round ratios, and the ratio of the fastest rounds");
-    println!("{:<37} {:>6} {:>8} {:>8} {:>8} {:>8}", "case", "rounds", "p25", "median", "p75", "best");
-    for line in lines {
-        println!("{line}");
-    }
-}
-
-/// Whether criterion's filter (the first free argument) selects `case` (a substring match, or
-/// no filter).
-fn ab_selected(case: &str) -> bool {
-    let filter = std::env::args()
-        .skip(1)
-        .find(|a| !a.starts_with('-'));
-    filter.is_none_or(|f| case.contains(&f) || f.contains(case))
-}
-
-/// Rounds of about 5 s in all: per round, a batch of calls of each kernel (≥ 30 ms of work),
-/// in alternating order; returns the ratios new/old of each round's times, and the ratio of the
-/// fastest round of each (the least disturbed by the machine's other work).
-fn ab_rounds(p: &mut Problem, [old, new]: [KernelSet; 2], variant: Variant) -> (Vec<f64>, f64) {
-    let time = |p: &mut Problem, set: KernelSet, calls: u32| {
-        let t = Instant::now();
-        for _ in 0..calls {
-            p.run_on(set, variant, false);
-        }
-        t.elapsed().as_secs_f64()
-    };
-    let once = time(p, old, 1).max(time(p, new, 1));
-    let calls = ((0.03 / once).ceil() as u32).max(1);
-    let start = Instant::now();
-    let (mut ratios, mut best) = (Vec::new(), [f64::INFINITY; 2]);
-    while start.elapsed() < Duration::from_secs(5) || ratios.len() < 6 {
-        let (o, n) = if ratios.len() % 2 == 0 {
-            let o = time(p, old, calls);
-            (o, time(p, new, calls))
-        } else {
-            let n = time(p, new, calls);
-            (time(p, old, calls), n)
-        };
-        ratios.push(n / o);
-        best = [best[0].min(o), best[1].min(n)];
-    }
-    (ratios, best[1] / best[0])
-}
-
-criterion_group!(kernel, benches, ab_benches);
+criterion_group!(kernel, benches);
 criterion_main!(kernel);

@@ -121,17 +121,7 @@ impl KernelSet {
     /// key blocks must not change a result).
     pub fn with_key_ends(self, on: bool) -> KernelSet {
         KernelSet {
-            flash: FlashKernel::new(self.isa, on).with_legacy(self.flash.legacy()),
-            ..self
-        }
-    }
-
-    /// This set with the flash kernel's macro-expanded build (before the generic one) instead
-    /// of the generic one: for the A/B benchmark and the equality test of the change only.
-    #[doc(hidden)]
-    pub fn with_legacy_flash(self, on: bool) -> KernelSet {
-        KernelSet {
-            flash: self.flash.with_legacy(on),
+            flash: FlashKernel::new(self.isa, on),
             ..self
         }
     }

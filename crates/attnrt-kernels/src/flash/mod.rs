@@ -37,7 +37,6 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 mod bias;
 mod key_ends;
-mod legacy;
 mod pack;
 mod portable;
 mod simd;
@@ -58,8 +57,6 @@ pub struct FlashKernel {
     isa: Isa,
     tiles: FlashTiles,
     key_ends: bool,
-    /// Runs the macro-expanded kernel the generic one replaces (the A/B comparison only).
-    legacy: bool,
 }
 
 /// The tiles of a flash kernel's ISA module.
@@ -82,18 +79,7 @@ impl FlashKernel {
             isa,
             tiles: tiles(isa),
             key_ends,
-            legacy: false,
         }
-    }
-
-    /// This kernel, or the macro-expanded one it replaces (the A/B comparison only).
-    pub(crate) fn with_legacy(self, legacy: bool) -> Self {
-        FlashKernel { legacy, ..self }
-    }
-
-    /// Whether this is the macro-expanded kernel (the A/B comparison only).
-    pub(crate) fn legacy(&self) -> bool {
-        self.legacy
     }
 
     /// The ISA module that runs.
@@ -298,16 +284,11 @@ pub(crate) fn run(
     // SAFETY: a `FlashKernel` is made only for an ISA this CPU has; `job` holds pointers of
     // validated views.
     unsafe {
-        match (kernel.isa, kernel.legacy) {
+        match kernel.isa {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, false) => avx512::run(&job),
+            Isa::Avx512 => avx512::run(&job),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, false) => avx2::run(&job),
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, true) => legacy::avx512::run(&job),
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, true) => legacy::avx2::run(&job),
-            (_, true) => legacy::scalar::run(&job),
+            Isa::Avx2 => avx2::run(&job),
             _ => portable::run(&job),
         }
     }
