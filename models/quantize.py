@@ -7,8 +7,11 @@ For each model ``models/<name>.<exporter>.onnx`` this writes, beside it:
   the default step of optimum's and sentence-transformers' CPU recipes (QOperator form:
   ``DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul`` per projection);
 - ``<name>.<exporter>.qint8rr.onnx``: the same with ``reduce_range=True`` (weights in 7 bits);
-- ``<name>.<exporter>.qint8.outputs.npz`` and ``.qint8rr.outputs.npz``: ONNX Runtime's outputs on
-  ``<name>.inputs.npz``.
+- ONNX Runtime's outputs on each saved case of the source (``models/manifest.json``'s ``cases``):
+  ``<name>.<exporter>.<variant>.outputs.npz`` for a single-case model (on ``<name>.inputs.npz``),
+  ``<name>.<exporter>.<variant>.<case>.outputs.npz`` for a decoder with a key/value cache (its
+  ``prefill`` and ``decode_*`` cases, inputs as the float model's);
+- ``quantized.json``: the manifest of those files (source, variant, cases, ONNX Runtime version).
 
 Why two: on CPUs without VNNI (this VM: AVX2) ONNX Runtime's u8 x s8 kernel sums pairs of products
 in 16 bits with saturation (``vpmaddubsw``), so on full-range int8 weights its integer products
@@ -19,14 +22,15 @@ outputs are the graph's own arithmetic on every CPU, a tight reference for attnr
 
 Run with the test venv (``source scripts/python-env.sh``: numpy, onnx, onnxruntime):
 
-    target/py/bin/python models/quantize.py                  # bert_eager.ts (the shipped pair)
-    target/py/bin/python models/quantize.py --model gpt2_eager.ts
+    target/py/bin/python models/quantize.py       # every shipped quantized model (DEFAULT_MODELS)
+    target/py/bin/python models/quantize.py --model gpt2_eager.ts   # just this one (manifest kept)
     target/py/bin/python models/quantize.py --src ../large-models/bert_base_eager.ts.onnx \\
         --out ../large-models    # a large model, no inputs/outputs written
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -39,6 +43,11 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 MODELS = Path(__file__).resolve().parent
 
 VARIANTS = {"qint8": False, "qint8rr": True}
+
+# The shipped quantized models: an encoder and the two decoders with a key/value cache.
+DEFAULT_MODELS = ["bert_eager.ts", "llama_cache_eager.ts", "gpt2_cache_eager.ts"]
+
+MANIFEST = MODELS / "quantized.json"
 
 
 def quantize(src: Path, dst: Path, reduce_range: bool) -> None:
@@ -59,11 +68,55 @@ def ort_outputs(model: Path, inputs: Path, dst: Path) -> None:
     np.savez(dst, **dict(zip(names, sess.run(names, feeds))))
 
 
+def source_cases(stem: str) -> list[dict]:
+    """The saved cases of ``models/<stem>.onnx`` as ``models/manifest.json`` lists them."""
+    manifest = json.loads((MODELS / "manifest.json").read_text())
+    entry = next(m for m in manifest["models"] if m["file"] == f"{stem}.onnx")
+    return entry.get("cases") or [{"name": "default", "inputs_npz": entry["inputs_npz"]}]
+
+
+def quantize_shipped(stem: str) -> list[dict]:
+    """Both variants of ``models/<stem>.onnx``, ONNX Runtime's outputs on its saved cases, and
+    their manifest entries."""
+    entries = []
+    for variant, rr in VARIANTS.items():
+        dst = MODELS / f"{stem}.{variant}.onnx"
+        quantize(MODELS / f"{stem}.onnx", dst, rr)
+        cases = []
+        for case in source_cases(stem):
+            name = case["name"]
+            tail = "" if name == "default" else f".{name}"
+            outputs = f"{stem}.{variant}{tail}.outputs.npz"
+            ort_outputs(dst, MODELS / case["inputs_npz"], MODELS / outputs)
+            cases.append({"name": name, "inputs_npz": case["inputs_npz"], "outputs_npz": outputs})
+        entries.append({"file": dst.name, "source": f"{stem}.onnx", "variant": variant,
+                        "reduce_range": rr, "cases": cases})
+        print(f"{dst.name}: {dst.stat().st_size} bytes, {len(cases)} case(s), outputs from "
+              f"onnxruntime {ort.__version__}")
+    return entries
+
+
+def write_manifest(entries: list[dict]) -> None:
+    """``quantized.json`` with ``entries`` replacing those of the same files."""
+    old = json.loads(MANIFEST.read_text())["models"] if MANIFEST.exists() else []
+    files = {e["file"] for e in entries}
+    models = [m for m in old if m["file"] not in files] + entries
+    manifest = {
+        "generated_by": "models/quantize.py",
+        "recipe": "onnxruntime.quantization.quantize_dynamic(weight_type=QInt8, per_channel=True"
+                  "[, reduce_range=True for qint8rr])",
+        "outputs": "ONNX Runtime (CPU, default graph optimizations, 1 thread) on the quantized file",
+        "versions": {"onnx": onnx.__version__, "onnxruntime": ort.__version__},
+        "models": sorted(models, key=lambda m: m["file"]),
+    }
+    MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", default=[],
-                    help="<name>.<exporter> of a file in models/ (repeatable; default bert_eager.ts)")
+                    help="<name>.<exporter> of a file in models/ (repeatable; default: DEFAULT_MODELS)")
     ap.add_argument("--src", type=Path, help="quantize this file instead (with --out)")
     ap.add_argument("--out", type=Path, help="folder for --src's quantized files")
     args = ap.parse_args()
@@ -75,14 +128,8 @@ def main() -> int:
             quantize(args.src, dst, rr)
             print(f"{dst}: {dst.stat().st_size} bytes")
         return 0
-    for stem in args.model or ["bert_eager.ts"]:
-        src = MODELS / f"{stem}.onnx"
-        inputs = MODELS / f"{stem.split('.')[0]}.inputs.npz"
-        for variant, rr in VARIANTS.items():
-            dst = MODELS / f"{stem}.{variant}.onnx"
-            quantize(src, dst, rr)
-            ort_outputs(dst, inputs, MODELS / f"{stem}.{variant}.outputs.npz")
-            print(f"{dst.name}: {dst.stat().st_size} bytes, outputs from onnxruntime {ort.__version__}")
+    entries = [e for stem in args.model or DEFAULT_MODELS for e in quantize_shipped(stem)]
+    write_manifest(entries)
     return 0
 
 

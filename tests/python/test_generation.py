@@ -14,7 +14,10 @@ import pytest
 import attnrt
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
-DECODERS = ["gpt2_cache_eager.ts.onnx", "llama_cache_sdpa.dynamo.onnx"]
+# The int8 decoders with 7-bit weights (models/quantize.py): ONNX Runtime's integer products are
+# exact on them on every CPU, so its greedy loop is a reference for attnrt's.
+DECODERS = ["gpt2_cache_eager.ts.onnx", "llama_cache_sdpa.dynamo.onnx",
+            "gpt2_cache_eager.ts.qint8rr.onnx", "llama_cache_eager.ts.qint8rr.onnx"]
 
 
 def ort_greedy(path: Path, prompt: list, n: int) -> list:

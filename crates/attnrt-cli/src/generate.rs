@@ -60,7 +60,8 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_length: Option<u64>,
     /// Run the original (unfused) graph in lockstep; exit 3 if a token differs or logits drift
-    /// beyond --atol/--rtol.
+    /// beyond --atol/--rtol. On a dynamically quantized decoder, a step that differs is judged
+    /// again with the unfused step's int8 activation quantizations pinned (as `run` does).
     #[arg(long)]
     pub check: bool,
     /// Absolute tolerance of --check's logits comparison.
@@ -470,6 +471,17 @@ fn first_disagreement(r: &GenerationReport) -> String {
         .iter()
         .find_map(|s| {
             let c = s.check.as_ref().filter(|c| !c.ok)?;
+            if let Some(p) = &c.pinned {
+                return Some(format!(
+                    "step {}: with the unfused graph's int8 quantization pinned, logits differ by \
+                     {:.3e}, tokens {:?} vs {:?}, {} projection(s) diverged",
+                    s.step,
+                    p.logits.max_abs,
+                    p.tokens,
+                    c.reference_tokens,
+                    p.pins.diverged.len()
+                ));
+            }
             Some(if c.reference_token != s.token {
                 format!(
                     "step {}: token {} but the unfused graph gives {}",

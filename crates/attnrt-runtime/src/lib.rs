@@ -45,6 +45,7 @@ mod packed;
 pub mod plan;
 pub mod profile;
 pub mod projection;
+pub mod quant_pins;
 pub mod quant_projection;
 mod registry;
 pub mod session;

@@ -316,7 +316,9 @@ impl EvalOp for QuantProjectionOp {
         let (m, out_shape) = rows_and_output(x.shape(), &self.weight).with_context(ctx)?;
         let xs = f32_data(x).with_context(ctx)?;
         let (kernel, threads) = (self.kernels.quant(), self.kernels.threads());
-        let rows = QuantizedRows::quantize_dynamic(kernel, threads, xs, m, k);
+        let rows = crate::quant_pins::quantize(&self.node, xs, || {
+            QuantizedRows::quantize_dynamic(kernel, threads, xs, m, k)
+        });
         // The graph's `Mul(x_scale, w_scale)`, one rounding per column.
         let scale: Vec<f32> = self.w_scale.iter().map(|&s| rows.scale() * s).collect();
         // Every element is written by `quant_matmul`.

@@ -198,3 +198,17 @@ fn the_float_epilogue_rounds_as_cast_mul_add_and_threads_change_nothing() {
         }
     }
 }
+
+/// `steps_differing` counts the values whose distance from the zero point changed: a flipped
+/// code, or a moved zero point; a shape mismatch counts every value.
+#[test]
+fn steps_differing_counts_flipped_codes_and_moved_zero_points() {
+    let a = QuantizedRows::from_u8(&[10, 20, 30, 40], 2, 2, 10);
+    assert_eq!(a.steps_differing(&a), 0);
+    let flipped = QuantizedRows::from_u8(&[10, 21, 30, 40], 2, 2, 10);
+    assert_eq!(a.steps_differing(&flipped), 1);
+    let moved = QuantizedRows::from_u8(&[10, 20, 30, 40], 2, 2, 11);
+    assert_eq!(a.steps_differing(&moved), 4);
+    let other_shape = QuantizedRows::from_u8(&[10, 20, 30, 40], 1, 4, 10);
+    assert_eq!(a.steps_differing(&other_shape), 4);
+}

@@ -14,6 +14,7 @@
 //! together fill at most its positions, as Hugging Face's `max_length` counts them. A step that
 //! fails keeps the tokens made before it ([`GenerationFailed`]).
 
+mod check;
 pub mod context;
 mod generation;
 pub mod sampling;
@@ -30,6 +31,7 @@ use serde::Serialize;
 
 use crate::harness::{OutputDiff, Tolerance};
 
+pub use check::PinnedStep;
 pub use context::ContextLimit;
 pub use generation::Generation;
 use generation::{choose, Rows};
@@ -81,8 +83,12 @@ pub struct StepCheck {
     pub reference_tokens: Vec<Option<i64>>,
     /// The logits comparison (fused vs reference).
     pub logits: OutputDiff,
-    /// Same tokens in every row, and logits within tolerance.
+    /// Same tokens in every row, and logits within tolerance (those of [`StepCheck::pinned`]
+    /// when it ran).
     pub ok: bool,
+    /// A dynamically quantized decoder whose step disagreed: the fused step again with the
+    /// reference's activation quantizations pinned (`check.rs`).
+    pub pinned: Option<PinnedStep>,
 }
 
 /// One step: the tokens it produced and how long it took.
@@ -354,26 +360,18 @@ impl Generator {
         let logits = g.ours.take_outputs(&self.signature, outputs)?;
         let seen = g.rows.seen(&g.options.prompts);
         // The reference draws with the same state of the streams, so both see the same `u`.
-        let mut twins = g.samplers.clone();
+        let twins = g.samplers.clone();
         let tokens = choose(&mut g.samplers, &seen, &last_logits(&logits)?)?;
         let check = match (g.theirs.as_mut(), &self.reference) {
             (Some(t), Some(reference)) => {
-                let outputs = reference.run_owned(t.take_tensors()?)?;
-                let reference_logits = t.take_outputs(&self.signature, outputs)?;
-                let reference_tokens = choose(&mut twins, &seen, &last_logits(&reference_logits)?)?;
+                let ours = check::Ours {
+                    logits: &logits,
+                    tokens: &tokens,
+                    seen: &seen,
+                    samplers: twins,
+                };
                 let tol = g.options.check.unwrap_or_default();
-                let diff = crate::harness::diff_tensor(
-                    &self.signature.logits,
-                    &logits,
-                    &reference_logits,
-                    tol,
-                );
-                Some(StepCheck {
-                    reference_token: reference_tokens[0].unwrap_or(-1),
-                    ok: diff.ok && reference_tokens == tokens,
-                    reference_tokens,
-                    logits: diff,
-                })
+                Some(self.check_step(t, reference, ours, tol)?)
             }
             _ => None,
         };
