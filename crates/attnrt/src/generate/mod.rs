@@ -10,11 +10,18 @@
 //! cache; a step whose token differs, or whose logits differ beyond the tolerance, fails the
 //! check.
 //!
+//! An encoder–decoder (optimum's Whisper: the encoder, and the merged decoder with both caches)
+//! generates the same way once its encoder has run ([`Generator::with_encoder`]): the encoder
+//! runs once, on [`GenerationOptions::encoder_inputs`]; its states feed every decoder step, the
+//! first step's cross-attention keys and values are fed back unchanged on every later one
+//! (`encoder.rs`), and the self-attention cache grows as a decoder-only model's does.
+//!
 //! Generation stops at the model's context ([`context`]): the prompt and the generated tokens
 //! together fill at most its positions, as Hugging Face's `max_length` counts them. A step that
 //! fails keeps the tokens made before it ([`GenerationFailed`]).
 
 pub mod context;
+mod encoder;
 mod generation;
 pub mod sampling;
 mod signature;
@@ -29,6 +36,7 @@ use attnrt_runtime::{NamedTensor, PlanStats, Session, SessionOptions, ShapePolic
 use serde::Serialize;
 
 use crate::harness::{OutputDiff, Tolerance};
+use encoder::{CrossInputs, Encoder};
 
 pub use context::ContextLimit;
 pub use generation::Generation;
@@ -54,6 +62,10 @@ pub struct GenerationOptions {
     pub max_length: Option<usize>,
     /// Greedy or sampled, and the logits processors.
     pub sampling: SamplingOptions,
+    /// An encoder–decoder's encoder inputs (e.g. Whisper's `input_features`), one row per
+    /// prompt: the encoder runs once on them, before the first step. Empty for a decoder-only
+    /// model.
+    pub encoder_inputs: Vec<NamedTensor>,
 }
 
 /// Why a generation ended.
@@ -138,6 +150,9 @@ pub struct GenerationReport {
     pub median_step_ms: Option<f64>,
     /// How the session's plans were made (a step that needed a new plan shows here).
     pub plans: PlanStats,
+    /// An encoder–decoder's encoder run, in milliseconds (the reference encoder's included with
+    /// a check); not part of `time_to_first_token_ms`.
+    pub encoder_ms: Option<f64>,
     /// With a check: whether every step agreed.
     pub check_ok: Option<bool>,
     /// Why it ended (`Eos`: every row made it).
@@ -181,6 +196,25 @@ pub struct Generator {
     context: Option<ContextLimit>,
     session: Arc<Session>,
     reference: Option<Session>,
+    /// An encoder–decoder's encoder.
+    encoder: Option<Encoder>,
+    /// The decoder's name in errors.
+    what: String,
+}
+
+/// A session for `model` and one for `reference` (the graph to check against) when given.
+fn sessions(
+    model: &ModelProto,
+    reference: Option<&ModelProto>,
+    threads: &Threads,
+    what: &str,
+    options: &SessionOptions,
+) -> Result<(Session, Option<Session>)> {
+    let session = Session::new(model, threads, what, options)?;
+    let reference = reference
+        .map(|r| Session::new(r, threads, &format!("reference {what}"), options))
+        .transpose()?;
+    Ok((session, reference))
 }
 
 impl Generator {
@@ -207,21 +241,43 @@ impl Generator {
     ) -> Result<Generator> {
         let signature = DecoderSignature::detect(model, what)?;
         let positions = signature.position_ids.as_ref().map(|(n, _)| n.as_str());
-        let context = context::position_table(model, positions);
+        let context = context::position_table(model, positions).or_else(|| {
+            // a merged decoder's table is inside its branches: the later steps' one
+            let branch = signature.cache_branch.as_deref()?;
+            let later = attnrt_onnx::branch::choose_branch(model, branch, true).ok()?;
+            context::position_table(&later, positions)
+        });
         let options = SessionOptions {
             shapes: ShapePolicy::DynamicDims(signature.dynamic_dims()),
             ..options.clone()
         };
-        let session = Session::new(model, threads, what, &options)?;
-        let reference = reference
-            .map(|r| Session::new(r, threads, &format!("reference {what}"), &options))
-            .transpose()?;
+        let (session, reference) = sessions(model, reference, threads, what, &options)?;
         Ok(Generator {
             signature,
             context,
             session: Arc::new(session),
             reference,
+            encoder: None,
+            what: what.to_string(),
         })
+    }
+
+    /// This decoder with its encoder (`model`, and `reference` to check against when given):
+    /// the decoder must take the encoder's states, which one of the encoder's outputs must
+    /// give (see [`GenerationOptions::encoder_inputs`]). `what` names the encoder in errors.
+    pub fn with_encoder(
+        mut self,
+        model: &ModelProto,
+        reference: Option<&ModelProto>,
+        threads: &Threads,
+        what: &str,
+        options: &SessionOptions,
+    ) -> Result<Generator> {
+        let decoder = (&self.signature, self.what.as_str());
+        self.encoder = Some(Encoder::new(
+            model, reference, threads, what, options, decoder,
+        )?);
+        Ok(self)
     }
 
     /// The decoder's signature.
@@ -263,8 +319,16 @@ impl Generator {
         let samplers = (0..options.prompts.len())
             .map(|row| Sampler::for_row(options.sampling.clone(), row))
             .collect::<Result<Vec<_>>>()?;
-        let ours = StepInputs::prefill(&self.signature, &options.prompts)?;
-        let theirs = self.reference.as_ref().map(|_| ours.clone());
+        let (cross, reference_cross, encoder_ms) = match self.encode(options)? {
+            Some((ours, theirs, ms)) => (Some(ours), Some(theirs), Some(ms)),
+            None => (None, None, None),
+        };
+        let ours = StepInputs::prefill(&self.signature, &options.prompts, cross)?;
+        let theirs = self
+            .reference
+            .as_ref()
+            .map(|_| StepInputs::prefill(&self.signature, &options.prompts, reference_cross))
+            .transpose()?;
         let stopped = (options.max_new_tokens == 0).then_some(StopReason::MaxNewTokens);
         Ok(Generation {
             rows: Rows::new(&options.prompts),
@@ -277,7 +341,37 @@ impl Generator {
             stopped,
             error: None,
             decode_plan: None,
+            encoder_ms,
         })
+    }
+
+    /// Runs the encoder of an encoder–decoder on `options.encoder_inputs`: the cross inputs of
+    /// the generator's session and of the reference's (the fused encoder's states when no
+    /// reference encoder is given), and the encoder's time. Nothing for a decoder-only model.
+    fn encode(
+        &self,
+        options: &GenerationOptions,
+    ) -> Result<Option<(CrossInputs, CrossInputs, f64)>> {
+        let Some(encoder) = &self.encoder else {
+            if let Some((name, _)) = &self.signature.encoder_states {
+                bail!(
+                    "{}: takes the encoder's states ('{name}'): generate with its encoder \
+                     (`attnrt generate --encoder`)",
+                    self.what
+                );
+            }
+            if !options.encoder_inputs.is_empty() {
+                bail!("{}: encoder inputs given, but no encoder", self.what);
+            }
+            return Ok(None);
+        };
+        let rows = options.prompts.len();
+        let encoded = encoder.encode(&options.encoder_inputs, rows, &self.signature)?;
+        let slots = &self.signature.cross_cache;
+        let reference_states = encoded.reference.unwrap_or_else(|| encoded.states.clone());
+        let reference = CrossInputs::new(reference_states, slots)?;
+        let ours = CrossInputs::new(encoded.states, slots)?;
+        Ok(Some((ours, reference, encoded.ms)))
     }
 
     /// Runs the next step of `g` (the prefill first): `None` once it has ended (it may end
@@ -420,6 +514,7 @@ impl Generator {
             decode_tokens_per_s: (decode_ms > 0.0).then(|| decode.len() as f64 / decode_ms * 1e3),
             median_step_ms: (!decode.is_empty()).then(|| decode[decode.len() / 2]),
             plans: self.session.plan_stats(),
+            encoder_ms: g.encoder_ms,
             check_ok: self
                 .reference
                 .as_ref()

@@ -1,10 +1,15 @@
 //! What a decoder exported with its key/value cache takes and gives, read off its declared
 //! inputs and outputs: the token ids, the optional attention mask and position ids, one past
 //! input per cached tensor paired with the present output that continues it, and the logits.
+//! The decoder of an encoder–decoder (optimum's Whisper, BART, T5) also takes the encoder's
+//! states (`encoder_hidden_states`) and, as a cache of its own, the cross-attention keys and
+//! values (`past_key_values.N.encoder.key`): computed from the states by the first step, then
+//! fed back unchanged.
 
 use anyhow::{bail, Context, Result};
 use attnrt_onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
 use attnrt_onnx::{DataType, ModelProto, ValueInfoProto};
+use attnrt_runtime::DatumType;
 use serde::Serialize;
 
 /// One cached tensor: the past input and the present output that is fed back as it next step.
@@ -33,8 +38,15 @@ pub struct DecoderSignature {
     pub attention_mask: Option<(String, i32)>,
     /// The position ids input, `[batch, sequence]`, when the model takes one.
     pub position_ids: Option<(String, i32)>,
-    /// The cache, in input order.
+    /// The self-attention cache, in input order: it grows by the tokens of every step.
     pub cache: Vec<CacheSlot>,
+    /// The cross-attention cache of an encoder–decoder, in input order: the first step's
+    /// presents (the keys and values of the encoder's states), fed back unchanged on every later
+    /// step. Its past axis is the encoder's sequence.
+    pub cross_cache: Vec<CacheSlot>,
+    /// The input that takes the encoder's states, `[batch, encoder_sequence, hidden]`, with the
+    /// hidden size when declared (an encoder–decoder's decoder).
+    pub encoder_states: Option<(String, Option<usize>)>,
     /// The logits output, `[batch, sequence, vocab]`.
     pub logits: String,
     /// The vocabulary size, when the logits declare it.
@@ -88,6 +100,15 @@ fn slot_tag(name: &str, prefixes: &[&str]) -> Option<String> {
 const PAST: &[&str] = &["past_key_values", "past_key_value", "past"];
 const PRESENT: &[&str] = &["present_key_values", "present_key_value", "present"];
 
+/// The decoder input that takes the encoder's states (optimum's name).
+const ENCODER_STATES: &str = "encoder_hidden_states";
+
+/// Whether a cache input holds cross-attention keys or values: optimum names them
+/// `past_key_values.N.encoder.key` (the self-attention's `.decoder.key`).
+fn is_cross(name: &str) -> bool {
+    slot_tag(name, PAST).is_some_and(|t| t.contains(".encoder."))
+}
+
 impl DecoderSignature {
     /// Reads the signature of `model` (`what` names it in errors).
     pub fn detect(model: &ModelProto, what: &str) -> Result<DecoderSignature> {
@@ -111,7 +132,16 @@ impl DecoderSignature {
                  needs a decoder exported with its key/value cache"
             );
         }
-        let (cache, past_dim) = pair_cache(&pasts, &outputs, what)?;
+        let (cross_pasts, self_pasts): (Vec<_>, Vec<_>) =
+            pasts.iter().copied().partition(|p| is_cross(&p.name));
+        let (cache, past_dim) = pair_cache(&self_pasts, &outputs, what)?;
+        if cache.is_empty() {
+            bail!(
+                "{what}: the model has no self-attention cache inputs, only cross-attention ones"
+            );
+        }
+        let encoder_states = encoder_states_input(&inputs, what)?;
+        let cross_cache = cross_cache(&cross_pasts, &outputs, encoder_states.is_some(), what)?;
         let (input_ids, ids_type) = token_input(&inputs, "input_ids", what)?;
         let attention_mask = optional_int_input(&inputs, "attention_mask");
         let position_ids = optional_int_input(&inputs, "position_ids");
@@ -123,11 +153,12 @@ impl DecoderSignature {
                 attention_mask.as_ref().map(|m| m.0.as_str()),
                 position_ids.as_ref().map(|p| p.0.as_str()),
                 cache_branch.as_deref(),
+                encoder_states.as_ref().map(|e| e.0.as_str()),
             ];
             if !known.contains(&Some(i.name.as_str())) && !pasts.iter().any(|p| p.name == i.name) {
                 bail!(
                     "{what}: input '{}' is none of token ids, attention mask, position ids, \
-                     cache or cache branch; `attnrt generate` cannot feed it",
+                     cache, cache branch or encoder states; `attnrt generate` cannot feed it",
                     i.name
                 );
             }
@@ -138,13 +169,16 @@ impl DecoderSignature {
             .and_then(|i| dims(i))
             .and_then(|(_, d)| d.get(1).and_then(param).map(str::to_string))
             .filter(|t| *t != past_dim);
-        let (logits, vocab) = logits_output(&outputs, &cache, what)?;
+        let presents: Vec<&CacheSlot> = cache.iter().chain(&cross_cache).collect();
+        let (logits, vocab) = logits_output(&outputs, &presents, what)?;
         Ok(DecoderSignature {
             input_ids,
             ids_type,
             attention_mask,
             position_ids,
             cache,
+            cross_cache,
+            encoder_states,
             logits,
             vocab,
             past_dim,
@@ -160,6 +194,46 @@ impl DecoderSignature {
             .chain(self.total_dim.clone())
             .collect()
     }
+}
+
+/// The encoder's states input, `[batch, encoder_sequence, hidden]` float, when the decoder
+/// takes one.
+fn encoder_states_input(
+    inputs: &[&ValueInfoProto],
+    what: &str,
+) -> Result<Option<(String, Option<usize>)>> {
+    let Some(i) = inputs.iter().find(|i| i.name == ENCODER_STATES) else {
+        return Ok(None);
+    };
+    match dims(i) {
+        Some((t, d)) if d.len() == 3 && is_float(t) => {
+            Ok(Some((i.name.clone(), d.get(2).and_then(fixed))))
+        }
+        _ => bail!(
+            "{what}: input '{}' is not float encoder states [batch, encoder sequence, hidden]",
+            i.name
+        ),
+    }
+}
+
+/// The cross-attention cache: every cross past paired with its present (which the first step
+/// gives). A decoder that takes them but not the encoder's states cannot make its first step
+/// (optimum's `decoder_with_past_model.onnx` alone).
+fn cross_cache(
+    pasts: &[&ValueInfoProto],
+    outputs: &[&ValueInfoProto],
+    has_states: bool,
+    what: &str,
+) -> Result<Vec<CacheSlot>> {
+    if let (Some(first), false) = (pasts.first(), has_states) {
+        bail!(
+            "{what}: takes the cross-attention keys and values ('{}', ...) but not the encoder's \
+             states ('{ENCODER_STATES}'), so no step of it can compute them: generate with a \
+             decoder that takes both (optimum's decoder_model_merged.onnx) and its encoder",
+            first.name
+        );
+    }
+    Ok(pair_cache(pasts, outputs, what)?.0)
 }
 
 /// Pairs every past input with its present output and checks their shapes agree.
@@ -234,6 +308,25 @@ fn pair_cache(
     Ok((cache, past_dim.unwrap_or_default()))
 }
 
+/// The runtime's element type of a cache or token tensor of ONNX type `elem_type`.
+pub(super) fn datum(elem_type: i32) -> Result<DatumType> {
+    Ok(match DataType::try_from(elem_type) {
+        Ok(DataType::Int64) => DatumType::I64,
+        Ok(DataType::Int32) => DatumType::I32,
+        Ok(DataType::Float) => DatumType::F32,
+        Ok(DataType::Float16) => DatumType::F16,
+        Ok(DataType::Bool) => DatumType::Bool,
+        _ => bail!(
+            "element type {} is not supported by `attnrt generate`",
+            attnrt_onnx::tensor::type_name(elem_type)
+        ),
+    })
+}
+
+fn is_float(t: i32) -> bool {
+    t == DataType::Float as i32 || t == DataType::Float16 as i32
+}
+
 fn is_int(t: i32) -> bool {
     t == DataType::Int64 as i32 || t == DataType::Int32 as i32
 }
@@ -257,7 +350,7 @@ fn optional_int_input(inputs: &[&ValueInfoProto], name: &str) -> Option<(String,
 
 fn logits_output(
     outputs: &[&ValueInfoProto],
-    cache: &[CacheSlot],
+    cache: &[&CacheSlot],
     what: &str,
 ) -> Result<(String, Option<usize>)> {
     let candidates: Vec<&&ValueInfoProto> = outputs
@@ -271,7 +364,7 @@ fn logits_output(
         .with_context(|| format!("{what}: no logits output besides the cache"))?;
     let (t, d) =
         dims(o).with_context(|| format!("{what}: output '{}' declares no shape", o.name))?;
-    if d.len() != 3 || !(t == DataType::Float as i32 || t == DataType::Float16 as i32) {
+    if d.len() != 3 || !is_float(t) {
         bail!(
             "{what}: output '{}' is not float logits [batch, sequence, vocab]",
             o.name
