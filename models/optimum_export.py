@@ -24,6 +24,9 @@ Models (seeded random weights from a tiny config; nothing downloaded):
   two rows, the encoder case's features scaled by ``scales`` (1 and 0.5), each row with its own
   ``decoder_start_ids``; ``attnrt generate``'s tests compare with them.
 
+* ``bart_optimum`` and ``t5_optimum``: text-to-text encoder–decoders, their encoder and merged
+  decoder with cases and greedy tokens (``models/optimum_seq2seq.py``).
+
 * ``llama_cache_optimum``: ``LlamaForCausalLM`` (hidden 64, 2 layers, 4 query / 2 KV heads,
   vocabulary 100), ``--task text-generation-with-past``: optimum 2's one decoder file with its
   cache (no merged file any more), whose mask axis is named ``past_sequence_length +
@@ -52,6 +55,7 @@ MODELS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(MODELS_DIR))
 from export import analyse, dims_of, sha256  # noqa: E402  (after the path above)
 from metadata_paths import scrub_model  # noqa: E402
+import optimum_seq2seq  # noqa: E402
 
 GENERATED_BY = "models/optimum_export.py"
 SOURCES = {
@@ -59,6 +63,7 @@ SOURCES = {
                        "--task automatic-speech-recognition-with-past",
     "llama_cache_optimum": "transformers.LlamaForCausalLM via optimum-cli export onnx --task "
                            "text-generation-with-past",
+    **optimum_seq2seq.SOURCES,
 }
 LAYERS, HEADS, HEAD = 2, 4, 16
 
@@ -319,6 +324,10 @@ def main() -> int:
         model = LlamaForCausalLM.from_pretrained(checkpoint).eval()
         per_file["llama_cache_optimum"] = (Path(tmp) / "llama" / "model.onnx",
                                            llama_cases(model, np.random.default_rng(26)))
+        for build, name, seed in [(optimum_seq2seq.bart, "bart_optimum", 28),
+                                  (optimum_seq2seq.t5, "t5_optimum", 29)]:
+            per_file |= optimum_seq2seq.export(build, name, Path(tmp), optimum_export,
+                                               MODELS_DIR, seed)
         for name, (exported, case_list) in per_file.items():
             dest = MODELS_DIR / f"{name}.onnx"
             onnx_model = onnx.load(str(exported))
@@ -331,9 +340,11 @@ def main() -> int:
                 diffs.append(max_diff(dest, inputs, want))
                 print(f"{dest.name} {case}: ONNX Runtime vs PyTorch max |diff| {diffs[-1]:.3e}")
                 assert diffs[-1] < 1e-4, f"{dest.name} {case} differs from PyTorch"
+            padded = ["padding-mask"] if name.startswith(("bart", "t5")) else []
             semantic = (["causal", "kv-cache", "gqa", "padding-mask"] if "llama" in name else
-                        [] if "encoder" in name else
-                        ["causal", "cross-attention"] + (["kv-cache"] if "past" in name else []))
+                        padded if "encoder" in name else
+                        ["causal", "cross-attention", *padded]
+                        + (["kv-cache"] if "past" in name else []))
             entries.append(entry(name, dest, case_list, diffs, semantic))
     files = {e["file"] for e in entries}
     doc["models"] = [e for e in doc["models"] if e["file"] not in files] + entries

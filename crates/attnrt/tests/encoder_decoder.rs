@@ -1,4 +1,6 @@
 //! Generation with an encoder–decoder pair: optimum's tiny Whisper (models/optimum_export.py),
+//! BART and T5 (models/optimum_seq2seq.py: encoder and merged decoder, which also takes the
+//! encoder's attention mask; their encoder batch has a row padded on the right),
 //! its encoder (`whisper_optimum.encoder.onnx`) and merged decoder
 //! (`whisper_optimum.decoder_merged.onnx`, both caches, one `If` on `use_cache_branch`). The
 //! encoder runs once; the first decoder step computes the cross-attention keys and values,
@@ -188,6 +190,49 @@ fn sampled_generation_agrees_with_the_unfused_pair() {
     let report = g.generate(&options, |_| {}).unwrap();
     assert_eq!(report.check_ok, Some(true), "{:#?}", report.steps);
     assert_eq!(report.rows[1].tokens.len(), 8);
+}
+
+#[test]
+fn bart_and_t5_generate_pytorchs_greedy_tokens_fused_and_unfused_alike() {
+    let threads = Threads::new(Some(2)).unwrap();
+    let options = SessionOptions::default();
+    for name in ["bart_optimum", "t5_optimum"] {
+        let (encoder_file, decoder_file) = (
+            format!("{name}.encoder.onnx"),
+            format!("{name}.decoder_merged.onnx"),
+        );
+        let (encoder, decoder) = (load(&encoder_file), load(&decoder_file));
+        let g = Generator::with_options(
+            &fused(&decoder),
+            Some(&decoder),
+            &threads,
+            &decoder_file,
+            &options,
+        )
+        .unwrap()
+        .with_encoder(
+            &fused(&encoder),
+            Some(&encoder),
+            &threads,
+            &encoder_file,
+            &options,
+        )
+        .unwrap();
+        assert!(g.signature().encoder_mask.is_some(), "{name}");
+        let saved = npz(&format!("{name}.greedy.npz"));
+        let encoder_inputs: Vec<NamedTensor> = saved
+            .iter()
+            .filter(|t| t.name == "input_ids" || t.name == "attention_mask")
+            .cloned()
+            .collect();
+        let want = rows_of(entry(&saved, "tokens"));
+        let starts = rows_of(entry(&saved, "decoder_start_ids"));
+        let report = g
+            .generate(&greedy(starts, want[0].len(), encoder_inputs), |_| {})
+            .unwrap();
+        assert_eq!(report.check_ok, Some(true), "{name}: {:#?}", report.steps);
+        assert_eq!(rows(&report), want, "{name} vs PyTorch");
+    }
 }
 
 fn error_of<T>(r: anyhow::Result<T>) -> String {

@@ -27,6 +27,9 @@ pub struct Encoded {
     pub states: NamedTensor,
     /// The states the reference encoder gave, with a check.
     pub reference: Option<NamedTensor>,
+    /// The decoder's encoder attention mask, when it takes one: the encoder's `attention_mask`
+    /// input, else ones.
+    pub mask: Option<NamedTensor>,
     /// Wall time of the encoder run(s), in milliseconds (the reference's included).
     pub ms: f64,
 }
@@ -96,9 +99,11 @@ impl Encoder {
             .as_ref()
             .map(|r| self.states(r, inputs, rows, signature))
             .transpose()?;
+        let mask = mask(inputs, &states.tensor, signature)?;
         Ok(Encoded {
             states,
             reference,
+            mask,
             ms: started.elapsed().as_secs_f64() * 1e3,
         })
     }
@@ -137,20 +142,53 @@ impl Encoder {
     }
 }
 
+/// The decoder's `encoder_attention_mask` (when it takes one) for the encoder's `states`: the
+/// encoder's own `attention_mask` input, which must be `[rows, encoder sequence]`, else ones.
+fn mask(
+    inputs: &[NamedTensor],
+    states: &Tensor,
+    signature: &DecoderSignature,
+) -> Result<Option<NamedTensor>> {
+    let Some((name, elem_type)) = &signature.encoder_mask else {
+        return Ok(None);
+    };
+    let (rows, sequence) = (states.shape()[0], states.shape()[1]);
+    let tensor = match inputs.iter().find(|t| t.name == "attention_mask") {
+        Some(given) if given.tensor.shape() == [rows, sequence] => given.tensor.clone(),
+        Some(given) => bail!(
+            "the encoder's input 'attention_mask' is {:?}, but its states are {:?}: the decoder's \
+             '{name}' must be [rows, encoder sequence]",
+            given.tensor.shape(),
+            states.shape()
+        ),
+        None => Tensor::from_shape(&[rows, sequence], &vec![1i64; rows * sequence])?,
+    };
+    Ok(Some(NamedTensor {
+        name: name.clone(),
+        tensor: tensor.cast_to_dt(datum(*elem_type)?)?.into_owned(),
+    }))
+}
+
 /// The inputs of an encoder–decoder's decoder besides the tokens and the self-attention cache:
 /// the encoder's states, fed every step, and the cross cache, placeholders (zeros, read by no
 /// branch) until the first step gives it.
 #[derive(Clone)]
 pub struct CrossInputs {
     states: NamedTensor,
+    mask: Option<NamedTensor>,
     cache: Vec<NamedTensor>,
     filled: bool,
 }
 
 impl CrossInputs {
-    /// The inputs before the first step: `states`, and a zero placeholder
-    /// `[rows, heads, encoder sequence, head_size]` for every cross slot.
-    pub fn new(states: NamedTensor, slots: &[CacheSlot]) -> Result<CrossInputs> {
+    /// The inputs before the first step: `states`, the encoder `mask` when the decoder takes
+    /// one, and a zero placeholder `[rows, heads, encoder sequence, head_size]` for every cross
+    /// slot.
+    pub fn new(
+        states: NamedTensor,
+        mask: Option<NamedTensor>,
+        slots: &[CacheSlot],
+    ) -> Result<CrossInputs> {
         let (rows, sequence) = (states.tensor.shape()[0], states.tensor.shape()[1]);
         let cache = slots
             .iter()
@@ -164,14 +202,17 @@ impl CrossInputs {
             .collect::<Result<_>>()?;
         Ok(CrossInputs {
             states,
+            mask,
             cache,
             filled: false,
         })
     }
 
-    /// A step's copies of the states and the cross cache (tract takes its inputs by value).
+    /// A step's copies of the states, the mask and the cross cache (tract takes its inputs by
+    /// value).
     pub fn feeds(&self) -> Vec<NamedTensor> {
         std::iter::once(&self.states)
+            .chain(&self.mask)
             .chain(&self.cache)
             .cloned()
             .collect()

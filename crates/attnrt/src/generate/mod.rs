@@ -369,8 +369,8 @@ impl Generator {
         let encoded = encoder.encode(&options.encoder_inputs, rows, &self.signature)?;
         let slots = &self.signature.cross_cache;
         let reference_states = encoded.reference.unwrap_or_else(|| encoded.states.clone());
-        let reference = CrossInputs::new(reference_states, slots)?;
-        let ours = CrossInputs::new(encoded.states, slots)?;
+        let reference = CrossInputs::new(reference_states, encoded.mask.clone(), slots)?;
+        let ours = CrossInputs::new(encoded.states, encoded.mask, slots)?;
         Ok(Some((ours, reference, encoded.ms)))
     }
 

@@ -47,6 +47,9 @@ pub struct DecoderSignature {
     /// The input that takes the encoder's states, `[batch, encoder_sequence, hidden]`, with the
     /// hidden size when declared (an encoder–decoder's decoder).
     pub encoder_states: Option<(String, Option<usize>)>,
+    /// The input that takes the encoder's attention mask, `[batch, encoder_sequence]` (BART's
+    /// and T5's `encoder_attention_mask`), with its element type.
+    pub encoder_mask: Option<(String, i32)>,
     /// The logits output, `[batch, sequence, vocab]`.
     pub logits: String,
     /// The vocabulary size, when the logits declare it.
@@ -103,6 +106,9 @@ const PRESENT: &[&str] = &["present_key_values", "present_key_value", "present"]
 /// The decoder input that takes the encoder's states (optimum's name).
 const ENCODER_STATES: &str = "encoder_hidden_states";
 
+/// The decoder input that takes the encoder's attention mask (optimum's name).
+const ENCODER_MASK: &str = "encoder_attention_mask";
+
 /// Whether a cache input holds cross-attention keys or values: optimum names them
 /// `past_key_values.N.encoder.key` (the self-attention's `.decoder.key`).
 fn is_cross(name: &str) -> bool {
@@ -141,6 +147,7 @@ impl DecoderSignature {
             );
         }
         let encoder_states = encoder_states_input(&inputs, what)?;
+        let encoder_mask = optional_int_input(&inputs, ENCODER_MASK);
         let cross_cache = cross_cache(&cross_pasts, &outputs, encoder_states.is_some(), what)?;
         let (input_ids, ids_type) = token_input(&inputs, "input_ids", what)?;
         let attention_mask = optional_int_input(&inputs, "attention_mask");
@@ -154,11 +161,13 @@ impl DecoderSignature {
                 position_ids.as_ref().map(|p| p.0.as_str()),
                 cache_branch.as_deref(),
                 encoder_states.as_ref().map(|e| e.0.as_str()),
+                encoder_mask.as_ref().map(|m| m.0.as_str()),
             ];
             if !known.contains(&Some(i.name.as_str())) && !pasts.iter().any(|p| p.name == i.name) {
                 bail!(
                     "{what}: input '{}' is none of token ids, attention mask, position ids, \
-                     cache, cache branch or encoder states; `attnrt generate` cannot feed it",
+                     cache, cache branch, encoder states or mask; `attnrt generate` cannot feed \
+                     it",
                     i.name
                 );
             }
@@ -179,6 +188,7 @@ impl DecoderSignature {
             cache,
             cross_cache,
             encoder_states,
+            encoder_mask,
             logits,
             vocab,
             past_dim,
