@@ -35,6 +35,11 @@ pub struct GenerateArgs {
     /// once, on --encoder-inputs, before the decoder's first step.
     #[arg(long, value_name = "FILE")]
     pub encoder: Option<PathBuf>,
+    /// With a decoder with past (optimum's `decoder_with_past_model.onnx`, MODEL), the decoder
+    /// that makes the first step (`decoder_model.onnx`: it computes the cross-attention keys and
+    /// values the decoder with past takes).
+    #[arg(long, value_name = "FILE", requires = "encoder")]
+    pub first_step: Option<PathBuf>,
     /// The encoder's inputs, by name, one row per prompt (default: seeded random inputs, one
     /// row); a single --prompt-ids serves every row.
     #[arg(long, value_name = "FILE.npz", requires = "encoder")]
@@ -222,6 +227,10 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         blocks,
         fusion: fusion.as_ref(),
         encoder: encoder.fusion.as_ref().map(|f| (encoder.name.as_str(), f)),
+        first_step: encoder
+            .first_step
+            .as_ref()
+            .and_then(|(n, f)| f.as_ref().map(|f| (n.as_str(), f))),
         generator: &generator,
         threads: threads.count(),
     };
@@ -272,6 +281,8 @@ struct OpenedEncoder {
     name: String,
     fusion: Option<FusionReport>,
     inputs: Vec<NamedTensor>,
+    /// The first step's decoder (`--first-step`) and its fusion report.
+    first_step: Option<(String, Option<FusionReport>)>,
 }
 
 /// With `--encoder`: the generator with the encoder loaded and fused (unless `--no-fuse`; the
@@ -285,13 +296,24 @@ fn open_encoder(
     let Some(path) = &args.encoder else {
         return Ok((generator, OpenedEncoder::default()));
     };
+    let options = session_options(args);
+    let (generator, first_step) = match &args.first_step {
+        Some(first) => {
+            let name = first.display().to_string();
+            let (loaded, fused) = load_and_fuse(args, first, &name)?;
+            let model = fused.as_ref().map_or(&loaded.model, |f| &f.model);
+            let reference = args.check.then_some(&loaded.model);
+            let g = generator.with_first_step(model, reference, threads, &name, &options)?;
+            (g, Some((name, fused.map(|f| f.report))))
+        }
+        None => (generator, None),
+    };
     let name = path.display().to_string();
     let limits = args.limits.limits();
     let (loaded, fused) = load_and_fuse(args, path, &name)?;
     let model = fused.as_ref().map_or(&loaded.model, |f| &f.model);
     let reference = args.check.then_some(&loaded.model);
-    let generator =
-        generator.with_encoder(model, reference, threads, &name, &session_options(args))?;
+    let generator = generator.with_encoder(model, reference, threads, &name, &options)?;
     let input_options = InputOptions {
         npz: args.encoder_inputs.clone(),
         seed: args.seed,
@@ -306,6 +328,7 @@ fn open_encoder(
         name,
         fusion: fused.map(|f| f.report),
         inputs,
+        first_step,
     };
     Ok((generator, encoder))
 }
@@ -327,6 +350,8 @@ struct Shown<'a> {
     fusion: Option<&'a FusionReport>,
     /// An encoder–decoder's encoder and its fusion report.
     encoder: Option<(&'a str, &'a FusionReport)>,
+    /// The decoder that made the first step (`--first-step`) and its fusion report.
+    first_step: Option<(&'a str, &'a FusionReport)>,
     generator: &'a Generator,
     threads: usize,
 }
@@ -357,6 +382,11 @@ impl Shown<'_> {
                     "fused_blocks": fusion.blocks.len(),
                     "fusion": fusion,
                 })),
+                "first_step": self.first_step.map(|(model, fusion)| json!({
+                    "model": model,
+                    "fused_blocks": fusion.blocks.len(),
+                    "fusion": fusion,
+                })),
                 "signature": self.generator.signature(),
                 "report": report,
                 "text": text,
@@ -377,6 +407,10 @@ impl Shown<'_> {
                     "encoder: {model}: {} attention block(s) fused; ran once in {ms:.2} ms",
                     fusion.blocks.len()
                 );
+            }
+            if let Some((model, fusion)) = self.first_step {
+                let n = fusion.blocks.len();
+                println!("first step: {model}: {n} attention block(s) fused");
             }
         }
         if let (StopReason::Context, Some(c)) = (report.stopped, &report.context) {

@@ -382,6 +382,28 @@ fn an_encoder_decoder_pair_generates_from_decoder_start_ids() {
         .collect();
     let row0: Vec<i64> = want.outer_iter().next().unwrap().iter().copied().collect();
     assert_eq!(got, row0);
+    // the decoder with past, its first step made by the decoder without past: the same tokens
+    let with_past = model("whisper_optimum.decoder_with_past.onnx");
+    let first = model("whisper_optimum.decoder.onnx");
+    let v = json(&attnrt(&[
+        "generate",
+        &with_past,
+        "--first-step",
+        &first,
+        "--encoder",
+        &encoder,
+        "--encoder-inputs",
+        &features,
+        "--decoder-start-ids",
+        "1,5,7",
+        "--max-new-tokens",
+        "12",
+        "--json",
+        "--threads",
+        "1",
+    ]));
+    assert_eq!(v["report"]["tokens"], r["tokens"]);
+    assert_eq!(v["first_step"]["fused_blocks"], 4);
     // past the decoder's 64 positions (its table is inside the merged decoder's branches)
     let v = json(&run(&["--max-new-tokens", "80"]));
     assert_eq!(v["report"]["stopped"], "context");

@@ -4,7 +4,9 @@
 //! its encoder (`whisper_optimum.encoder.onnx`) and merged decoder
 //! (`whisper_optimum.decoder_merged.onnx`, both caches, one `If` on `use_cache_branch`). The
 //! encoder runs once; the first decoder step computes the cross-attention keys and values,
-//! every later step takes them back unchanged while the self-attention cache grows.
+//! every later step takes them back unchanged while the self-attention cache grows. The
+//! decoder with past (`whisper_optimum.decoder_with_past.onnx`) generates too, its first step
+//! made by the decoder without past (`whisper_optimum.decoder.onnx`).
 //!
 //! The tokens are compared with PyTorch's greedy loop over the same seeded model
 //! (`whisper_optimum.greedy.npz`, written by the export script: transformers' encoder once,
@@ -106,14 +108,39 @@ fn greedy(prompts: Vec<Vec<i64>>, n: usize, encoder_inputs: Vec<NamedTensor>) ->
     }
 }
 
-/// The fused pair with the unfused pair in lockstep.
-fn checked_pair(threads: &Threads) -> Generator {
-    let (encoder, decoder) = (load(ENCODER), load(DECODER));
+/// The fused `decoder` (with the fused `first_step` when given) and `encoder`, the unfused
+/// ones in lockstep.
+fn checked(threads: &Threads, decoder: &str, first_step: Option<&str>, encoder: &str) -> Generator {
     let options = SessionOptions::default();
-    Generator::with_options(&fused(&decoder), Some(&decoder), threads, DECODER, &options)
-        .unwrap()
-        .with_encoder(&fused(&encoder), Some(&encoder), threads, ENCODER, &options)
-        .unwrap()
+    let original = load(decoder);
+    let mut g = Generator::with_options(
+        &fused(&original),
+        Some(&original),
+        threads,
+        decoder,
+        &options,
+    )
+    .unwrap();
+    if let Some(first) = first_step {
+        let original = load(first);
+        g = g
+            .with_first_step(&fused(&original), Some(&original), threads, first, &options)
+            .unwrap();
+    }
+    let original = load(encoder);
+    g.with_encoder(
+        &fused(&original),
+        Some(&original),
+        threads,
+        encoder,
+        &options,
+    )
+    .unwrap()
+}
+
+/// The fused Whisper pair with the unfused pair in lockstep.
+fn checked_pair(threads: &Threads) -> Generator {
+    checked(threads, DECODER, None, ENCODER)
 }
 
 fn rows(report: &GenerationReport) -> Vec<Vec<i64>> {
@@ -146,6 +173,23 @@ fn whisper_generates_pytorchs_greedy_tokens_fused_and_unfused_alike() {
     }
     // one plan for the first step's branch, one for every later step's
     assert_eq!(batch.plans.built, 2, "{:?}", batch.plans);
+}
+
+#[test]
+fn whisper_with_past_and_its_first_step_decoder_generate_pytorchs_tokens() {
+    let r = reference();
+    let n = r.tokens[0].len();
+    let threads = Threads::new(Some(2)).unwrap();
+    let with_past = "whisper_optimum.decoder_with_past.onnx";
+    let first = Some("whisper_optimum.decoder.onnx");
+    let g = checked(&threads, with_past, first, ENCODER);
+    let report = g
+        .generate(&greedy(r.starts.clone(), n, features(&r, &[0, 1])), |_| {})
+        .unwrap();
+    assert_eq!(report.check_ok, Some(true), "{:#?}", report.steps);
+    assert_eq!(rows(&report), r.tokens, "batch of 2 vs PyTorch");
+    // a plan for the first step's decoder, one for every later step's
+    assert_eq!(report.plans.built, 2, "{:?}", report.plans);
 }
 
 #[test]
@@ -195,29 +239,12 @@ fn sampled_generation_agrees_with_the_unfused_pair() {
 #[test]
 fn bart_and_t5_generate_pytorchs_greedy_tokens_fused_and_unfused_alike() {
     let threads = Threads::new(Some(2)).unwrap();
-    let options = SessionOptions::default();
     for name in ["bart_optimum", "t5_optimum"] {
-        let (encoder_file, decoder_file) = (
+        let (encoder, decoder) = (
             format!("{name}.encoder.onnx"),
             format!("{name}.decoder_merged.onnx"),
         );
-        let (encoder, decoder) = (load(&encoder_file), load(&decoder_file));
-        let g = Generator::with_options(
-            &fused(&decoder),
-            Some(&decoder),
-            &threads,
-            &decoder_file,
-            &options,
-        )
-        .unwrap()
-        .with_encoder(
-            &fused(&encoder),
-            Some(&encoder),
-            &threads,
-            &encoder_file,
-            &options,
-        )
-        .unwrap();
+        let g = checked(&threads, &decoder, None, &encoder);
         assert!(g.signature().encoder_mask.is_some(), "{name}");
         let saved = npz(&format!("{name}.greedy.npz"));
         let encoder_inputs: Vec<NamedTensor> = saved
@@ -255,13 +282,24 @@ fn bad_pairs_are_refused_with_the_file_and_input_named() {
         e.contains(DECODER) && e.contains("encoder_hidden_states"),
         "{e}"
     );
-    // the decoder with past alone cannot make its first step
+    // the decoder with past alone cannot make its first step, nor feed an encoder's states
     let with_past = "whisper_optimum.decoder_with_past.onnx";
-    let e = error_of(Generator::new(&load(with_past), None, &threads, with_past));
+    let g = Generator::new(&load(with_past), None, &threads, with_past).unwrap();
+    let e = error_of(g.start(&greedy(vec![vec![1]], 2, Vec::new())));
     assert!(
         e.contains(with_past) && e.contains("past_key_values.0.encoder.key"),
         "{e}"
     );
+    assert!(e.contains("--first-step"), "{e}");
+    let e = error_of(g.with_encoder(&load(ENCODER), None, &threads, ENCODER, &options));
+    assert!(e.contains(with_past) && e.contains("--first-step"), "{e}");
+    // a first step that does not give the presents the decoder takes
+    let e = error_of(
+        Generator::new(&load(with_past), None, &threads, with_past)
+            .unwrap()
+            .with_first_step(&load(ENCODER), None, &threads, ENCODER, &options),
+    );
+    assert!(e.contains(ENCODER) && e.contains("'logits'"), "{e}");
     // a decoder-only model has nothing for an encoder to feed
     let llama = "llama_cache_optimum.onnx";
     let e = error_of(

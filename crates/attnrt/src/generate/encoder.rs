@@ -48,9 +48,14 @@ impl Encoder {
     ) -> Result<Encoder> {
         let (signature, decoder_name) = decoder;
         let Some((feeds, _)) = &signature.encoder_states else {
+            let fix = if signature.cross_cache.is_empty() {
+                "give a decoder-only model without an encoder"
+            } else {
+                "give the decoder that makes its first step first (`--first-step`)"
+            };
             bail!(
                 "{decoder_name}: takes no encoder states (no 'encoder_hidden_states' input), so \
-                 encoder {what} has nothing to feed: give a decoder-only model without an encoder"
+                 encoder {what} has nothing to feed: {fix}"
             );
         };
         let (session, reference) = super::sessions(model, reference, threads, what, options)?;

@@ -148,7 +148,8 @@ pub struct GenerationReport {
     pub decode_tokens_per_s: Option<f64>,
     /// Median decode-step time (ms), over the steps that made no plan.
     pub median_step_ms: Option<f64>,
-    /// How the session's plans were made (a step that needed a new plan shows here).
+    /// How the session's plans were made (a step that needed a new plan shows here); with a
+    /// first-step decoder ([`Generator::with_first_step`]), its session's plans too.
     pub plans: PlanStats,
     /// An encoder–decoder's encoder run, in milliseconds (the reference encoder's included with
     /// a check); not part of `time_to_first_token_ms`.
@@ -198,6 +199,9 @@ pub struct Generator {
     reference: Option<Session>,
     /// An encoder–decoder's encoder.
     encoder: Option<Encoder>,
+    /// The sessions (ours, the reference's) of the model that makes the first step, when the
+    /// decoder cannot ([`Generator::with_first_step`]).
+    first_step: Option<(Session, Option<Session>)>,
     /// The decoder's name in errors.
     what: String,
 }
@@ -258,8 +262,27 @@ impl Generator {
             session: Arc::new(session),
             reference,
             encoder: None,
+            first_step: None,
             what: what.to_string(),
         })
+    }
+
+    /// This decoder (with past: optimum's `decoder_with_past_model.onnx`, which takes the
+    /// cross-attention keys and values but cannot compute them) with `model` making the first
+    /// step (optimum's `decoder_model.onnx`: the encoder's states in, every present out);
+    /// `reference` is its graph to check against. The encoder's inputs are read off `model`, so
+    /// give the encoder after it. `what` names `model` in errors.
+    pub fn with_first_step(
+        mut self,
+        model: &ModelProto,
+        reference: Option<&ModelProto>,
+        threads: &Threads,
+        what: &str,
+        options: &SessionOptions,
+    ) -> Result<Generator> {
+        self.signature.adopt_first_step(model, what, &self.what)?;
+        self.first_step = Some(sessions(model, reference, threads, what, options)?);
+        Ok(self)
     }
 
     /// This decoder with its encoder (`model`, and `reference` to check against when given):
@@ -360,6 +383,16 @@ impl Generator {
                     self.what
                 );
             }
+            if let Some(slot) = self.signature.cross_cache.first() {
+                bail!(
+                    "{}: takes the cross-attention keys and values ('{}', ...) but not the \
+                     encoder's states, so no step of it can compute them: give the decoder that \
+                     makes the first step (optimum's decoder_model.onnx, `--first-step`) and the \
+                     encoder, or use the merged decoder (decoder_model_merged.onnx)",
+                    self.what,
+                    slot.past
+                );
+            }
             if !options.encoder_inputs.is_empty() {
                 bail!("{}: encoder inputs given, but no encoder", self.what);
             }
@@ -440,17 +473,21 @@ impl Generator {
             // a failed preparation leaves the step to plan (and report) for itself
             let _ = pending.join();
         }
-        let planned_before = self.session.plan_stats().build_ms;
+        let (session, reference) = match (&self.first_step, g.steps.is_empty()) {
+            (Some((first, reference)), true) => (first, reference.as_ref()),
+            _ => (&*self.session, self.reference.as_ref()),
+        };
+        let planned_before = self.planning_ms();
         let started = Instant::now();
-        let outputs = self.session.run_owned(g.ours.take_tensors()?)?;
+        let outputs = session.run_owned(g.ours.take_tensors()?)?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
-        let planning_ms = self.session.plan_stats().build_ms - planned_before;
+        let planning_ms = self.planning_ms() - planned_before;
         let logits = g.ours.take_outputs(&self.signature, outputs)?;
         let seen = g.rows.seen(&g.options.prompts);
         // The reference draws with the same state of the streams, so both see the same `u`.
         let mut twins = g.samplers.clone();
         let tokens = choose(&mut g.samplers, &seen, &last_logits(&logits)?)?;
-        let check = match (g.theirs.as_mut(), &self.reference) {
+        let check = match (g.theirs.as_mut(), reference) {
             (Some(t), Some(reference)) => {
                 let outputs = reference.run_owned(t.take_tensors()?)?;
                 let reference_logits = t.take_outputs(&self.signature, outputs)?;
@@ -483,6 +520,25 @@ impl Generator {
         })
     }
 
+    /// The time the sessions (the decoder's, and the first step's) spent making plans, in ms.
+    fn planning_ms(&self) -> f64 {
+        self.plan_stats().build_ms
+    }
+
+    /// The plans of the decoder's session and of the first step's.
+    fn plan_stats(&self) -> PlanStats {
+        let mut stats = self.session.plan_stats();
+        if let Some((first, _)) = &self.first_step {
+            let f = first.plan_stats();
+            stats.built += f.built;
+            stats.build_ms += f.build_ms;
+            stats.cached += f.cached;
+            stats.symbolic_cached += f.symbolic_cached;
+            stats.refusals.extend(f.refusals);
+        }
+        stats
+    }
+
     /// Makes the decode steps' plan on its own thread, while the prompt runs: the first decode
     /// step then costs its compute, not a plan (the past length is symbolic in that plan, so it
     /// serves every later step too).
@@ -513,7 +569,7 @@ impl Generator {
             time_to_first_token_ms: steps.first().map_or(0.0, |s| s.ms),
             decode_tokens_per_s: (decode_ms > 0.0).then(|| decode.len() as f64 / decode_ms * 1e3),
             median_step_ms: (!decode.is_empty()).then(|| decode[decode.len() / 2]),
-            plans: self.session.plan_stats(),
+            plans: self.plan_stats(),
             encoder_ms: g.encoder_ms,
             check_ok: self
                 .reference

@@ -8,7 +8,7 @@
 
 use anyhow::{bail, Context, Result};
 use attnrt_onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
-use attnrt_onnx::{DataType, ModelProto, ValueInfoProto};
+use attnrt_onnx::{DataType, GraphProto, ModelProto, ValueInfoProto};
 use attnrt_runtime::DatumType;
 use serde::Serialize;
 
@@ -118,14 +118,7 @@ fn is_cross(name: &str) -> bool {
 impl DecoderSignature {
     /// Reads the signature of `model` (`what` names it in errors).
     pub fn detect(model: &ModelProto, what: &str) -> Result<DecoderSignature> {
-        let graph = model.graph.as_ref().context("the model has no graph")?;
-        let initializers: std::collections::HashSet<&str> =
-            graph.initializer.iter().map(|t| t.name.as_str()).collect();
-        let inputs: Vec<&ValueInfoProto> = graph
-            .input
-            .iter()
-            .filter(|i| !initializers.contains(i.name.as_str()))
-            .collect();
+        let (graph, inputs) = fed_inputs(model)?;
         let outputs: Vec<&ValueInfoProto> = graph.output.iter().collect();
         let pasts: Vec<&ValueInfoProto> = inputs
             .iter()
@@ -140,7 +133,7 @@ impl DecoderSignature {
         }
         let (cross_pasts, self_pasts): (Vec<_>, Vec<_>) =
             pasts.iter().copied().partition(|p| is_cross(&p.name));
-        let (cache, past_dim) = pair_cache(&self_pasts, &outputs, what)?;
+        let (cache, past_dim) = pair_cache(&self_pasts, &outputs, false, what)?;
         if cache.is_empty() {
             bail!(
                 "{what}: the model has no self-attention cache inputs, only cross-attention ones"
@@ -148,7 +141,7 @@ impl DecoderSignature {
         }
         let encoder_states = encoder_states_input(&inputs, what)?;
         let encoder_mask = optional_int_input(&inputs, ENCODER_MASK);
-        let cross_cache = cross_cache(&cross_pasts, &outputs, encoder_states.is_some(), what)?;
+        let cross_cache = cross_cache(&cross_pasts, &outputs, what)?;
         let (input_ids, ids_type) = token_input(&inputs, "input_ids", what)?;
         let attention_mask = optional_int_input(&inputs, "attention_mask");
         let position_ids = optional_int_input(&inputs, "position_ids");
@@ -197,6 +190,50 @@ impl DecoderSignature {
         })
     }
 
+    /// Checks `first` (named `what`) can make the first step of this decoder (`decoder`): it
+    /// takes the token ids, the encoder's states and at most the encoder's mask, and gives the
+    /// logits and every present; the encoder's inputs are taken from it.
+    pub(super) fn adopt_first_step(
+        &mut self,
+        first: &ModelProto,
+        what: &str,
+        decoder: &str,
+    ) -> Result<()> {
+        let (graph, inputs) = fed_inputs(first)?;
+        let presents = self
+            .cache
+            .iter()
+            .chain(&self.cross_cache)
+            .map(|c| &c.present);
+        for name in std::iter::once(&self.logits).chain(presents) {
+            if !graph.output.iter().any(|o| &o.name == name) {
+                bail!("{what}: gives no output '{name}', which {decoder}'s first step needs");
+            }
+        }
+        token_input(&inputs, &self.input_ids, what)?;
+        let states = encoder_states_input(&inputs, what)?.with_context(|| {
+            format!("{what}: takes no encoder states ('{ENCODER_STATES}'): it cannot make the first step of an encoder–decoder")
+        })?;
+        let mask = optional_int_input(&inputs, ENCODER_MASK);
+        for i in &inputs {
+            let known = [
+                Some(&self.input_ids),
+                Some(&states.0),
+                mask.as_ref().map(|m| &m.0),
+            ];
+            if !known.contains(&Some(&i.name)) {
+                bail!(
+                    "{what}: input '{}' is none of token ids, encoder states or mask; the first \
+                     step cannot feed it",
+                    i.name
+                );
+            }
+        }
+        self.encoder_states = Some(states);
+        self.encoder_mask = self.encoder_mask.take().or(mask);
+        Ok(())
+    }
+
     /// The `dim_param`s a session keeps symbolic across decode steps: the past length first
     /// (the anchor), then the mask's length when it has its own name.
     pub fn dynamic_dims(&self) -> Vec<String> {
@@ -204,6 +241,19 @@ impl DecoderSignature {
             .chain(self.total_dim.clone())
             .collect()
     }
+}
+
+/// `model`'s graph and the inputs a caller feeds (those no initializer gives).
+fn fed_inputs(model: &ModelProto) -> Result<(&GraphProto, Vec<&ValueInfoProto>)> {
+    let graph = model.graph.as_ref().context("the model has no graph")?;
+    let initializers: std::collections::HashSet<&str> =
+        graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    let inputs = graph
+        .input
+        .iter()
+        .filter(|i| !initializers.contains(i.name.as_str()))
+        .collect();
+    Ok((graph, inputs))
 }
 
 /// The encoder's states input, `[batch, encoder_sequence, hidden]` float, when the decoder
@@ -226,30 +276,25 @@ fn encoder_states_input(
     }
 }
 
-/// The cross-attention cache: every cross past paired with its present (which the first step
-/// gives). A decoder that takes them but not the encoder's states cannot make its first step
-/// (optimum's `decoder_with_past_model.onnx` alone).
+/// The cross-attention cache: every cross past paired with its present, which the first step
+/// gives: this model's output of that name (a merged decoder), else the output `present<tag>`
+/// of the model that makes the first step (optimum's `decoder_model.onnx` beside
+/// `decoder_with_past_model.onnx`, [`Generator::with_first_step`](super::Generator::with_first_step)).
 fn cross_cache(
     pasts: &[&ValueInfoProto],
     outputs: &[&ValueInfoProto],
-    has_states: bool,
     what: &str,
 ) -> Result<Vec<CacheSlot>> {
-    if let (Some(first), false) = (pasts.first(), has_states) {
-        bail!(
-            "{what}: takes the cross-attention keys and values ('{}', ...) but not the encoder's \
-             states ('{ENCODER_STATES}'), so no step of it can compute them: generate with a \
-             decoder that takes both (optimum's decoder_model_merged.onnx) and its encoder",
-            first.name
-        );
-    }
-    Ok(pair_cache(pasts, outputs, what)?.0)
+    Ok(pair_cache(pasts, outputs, true, what)?.0)
 }
 
-/// Pairs every past input with its present output and checks their shapes agree.
+/// Pairs every past input with its present output and checks their shapes agree; with
+/// `elsewhere`, a past without a present here is paired with the name `present<tag>` (another
+/// model gives it).
 fn pair_cache(
     pasts: &[&ValueInfoProto],
     outputs: &[&ValueInfoProto],
+    elsewhere: bool,
     what: &str,
 ) -> Result<(Vec<CacheSlot>, String)> {
     let mut cache = Vec::new();
@@ -258,18 +303,16 @@ fn pair_cache(
         let tag = slot_tag(&p.name, PAST).unwrap_or_default();
         let present = outputs
             .iter()
-            .find(|o| slot_tag(&o.name, PRESENT).as_deref() == Some(tag.as_str()))
-            .with_context(|| {
-                format!(
-                    "{what}: cache input '{}' has no matching present output (expected a name \
-                     like 'present{tag}')",
-                    p.name
-                )
-            })?;
+            .find(|o| slot_tag(&o.name, PRESENT).as_deref() == Some(tag.as_str()));
+        if present.is_none() && !elsewhere {
+            bail!(
+                "{what}: cache input '{}' has no matching present output (expected a name like \
+                 'present{tag}')",
+                p.name
+            );
+        }
         let (elem_type, pd) = dims(p)
             .with_context(|| format!("{what}: cache input '{}' declares no shape", p.name))?;
-        let (present_type, od) = dims(present)
-            .with_context(|| format!("{what}: output '{}' declares no shape", present.name))?;
         let (heads, head_size) = match (
             pd.len(),
             pd.get(1).and_then(fixed),
@@ -282,17 +325,21 @@ fn pair_cache(
                 p.name
             ),
         };
-        if od.len() != 4
-            || od.get(1).and_then(fixed) != Some(heads)
-            || od.get(3).and_then(fixed) != Some(head_size)
-            || present_type != elem_type
-        {
-            bail!(
-                "{what}: '{}' and '{}' disagree: the present output must have the past input's \
-                 type, heads ({heads}) and head size ({head_size})",
-                p.name,
-                present.name
-            );
+        if let Some(present) = present {
+            let (present_type, od) = dims(present)
+                .with_context(|| format!("{what}: output '{}' declares no shape", present.name))?;
+            if od.len() != 4
+                || od.get(1).and_then(fixed) != Some(heads)
+                || od.get(3).and_then(fixed) != Some(head_size)
+                || present_type != elem_type
+            {
+                bail!(
+                    "{what}: '{}' and '{}' disagree: the present output must have the past \
+                     input's type, heads ({heads}) and head size ({head_size})",
+                    p.name,
+                    present.name
+                );
+            }
         }
         let dim = pd[2].clone();
         let name = param(&dim).with_context(|| {
@@ -309,7 +356,7 @@ fn pair_cache(
         }
         cache.push(CacheSlot {
             past: p.name.clone(),
-            present: present.name.clone(),
+            present: present.map_or_else(|| format!("present{tag}"), |o| o.name.clone()),
             heads,
             head_size,
             elem_type,
