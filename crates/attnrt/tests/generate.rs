@@ -60,6 +60,7 @@ fn fused_decoders_generate_the_unfused_tokens_with_two_plans() {
             check: Some(tol),
             sampling: SamplingOptions::default(),
             max_length: None,
+            encoder_inputs: Vec::new(),
         };
         let mut seen = 0;
         let report = generator.generate(&options, |_| seen += 1).unwrap();
@@ -92,6 +93,7 @@ fn eos_stops_generation_and_keeps_the_token() {
         check: None,
         sampling: SamplingOptions::default(),
         max_length: None,
+        encoder_inputs: Vec::new(),
     };
     let free = g.generate(&options, |_| {}).unwrap();
     assert_eq!(free.stopped, StopReason::MaxNewTokens);
@@ -139,6 +141,7 @@ fn generation_stops_at_the_context_or_keeps_its_tokens_when_a_step_fails() {
         check: None,
         max_length: Some(7),
         sampling: SamplingOptions::default(),
+        encoder_inputs: Vec::new(),
     };
     let r = g.generate(&options, |_| {}).unwrap();
     assert_eq!(
@@ -198,6 +201,7 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
                 seed,
                 ..SamplingOptions::default()
             },
+            encoder_inputs: Vec::new(),
         };
         let report = g.generate(&options, |_| {}).unwrap();
         assert_eq!(report.check_ok, Some(true), "{file}: {:#?}", report.steps);
@@ -218,6 +222,7 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
             repetition_penalty: 1.1,
             ..SamplingOptions::default()
         },
+        encoder_inputs: Vec::new(),
     };
     let want = g.generate(&greedy, |_| {}).unwrap().tokens;
     let top1 = GenerationOptions {
@@ -305,6 +310,7 @@ fn greedy(prompts: Vec<Vec<i64>>, max_new_tokens: usize) -> GenerationOptions {
         check: None,
         max_length: None,
         sampling: SamplingOptions::default(),
+        encoder_inputs: Vec::new(),
     }
 }
 
