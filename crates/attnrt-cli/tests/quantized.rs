@@ -223,3 +223,42 @@ fn quantized_decoders_generate_the_same_tokens_fused_and_unfused() {
         assert_eq!(fused, generated(file, false), "{file}");
     }
 }
+
+/// The QDQ form (`models/quantize.py`'s `quantize_static`, QuantFormat.QDQ): every projection
+/// (`DequantizeLinear` of the int8 weight into a float `MatMul` of the dequantized activations)
+/// runs on the integer op, and the outputs are ONNX Runtime's as the graph is written (graph
+/// optimizations off: dequantize, then float products) within float32 rounding (atol = rtol =
+/// 1e-4; measured 7.2e-7). With tract's matmuls the same file matches too. The attention blocks
+/// are not fused (their probabilities are quantized before the MatMul with V), and `--explain`
+/// says so.
+#[test]
+fn qdq_bert_runs_its_projections_on_the_integer_op_and_matches_the_graph() {
+    let expect = model("bert_eager.ts.qdq.outputs.npz");
+    for matmul in ["attnrt", "tract"] {
+        let v = run(
+            "bert_eager.ts.qdq.onnx",
+            matmul,
+            None,
+            Some(&expect),
+            "1e-4",
+        );
+        assert!(expect_ok(&v), "{matmul}: {}", v["expect"]);
+        let quantized = &v["ops"]["fused"]["quantized"];
+        match matmul {
+            "attnrt" => assert_eq!(quantized, 12, "{}", v["ops"]),
+            _ => assert!(quantized.is_null(), "{}", v["ops"]),
+        }
+    }
+    let (m, dir) = (
+        model("bert_eager.ts.qdq.onnx"),
+        tempfile::tempdir().unwrap(),
+    );
+    let out = dir.path().join("f.onnx").display().to_string();
+    let o = attnrt(&["fuse", &m, "-o", &out, "--explain"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        text.matches("the probabilities are quantized").count(),
+        2,
+        "{text}"
+    );
+}

@@ -126,6 +126,7 @@ impl Generation {
                 check: None,
                 max_length,
                 sampling,
+                encoder_inputs: Vec::new(),
             },
             state: None,
         })
