@@ -30,7 +30,10 @@ pub(super) unsafe fn bias_block<S: FlashSimd, const N: usize>(
         }
     }
     // A tile where the mask is all zeros (below the triangle of a causal mask) is not read.
-    let zero = job.key_ends.as_ref().is_some_and(|e| e.zero_tile(b, h, i0, j0));
+    let zero = job
+        .key_ends
+        .as_ref()
+        .is_some_and(|e| e.zero_tile(b, h, i0, j0));
     match if zero { JobMask::None } else { job.mask } {
         JobMask::None => {}
         JobMask::Additive(ptr, st) if st[2] == 0 => {
@@ -129,7 +132,14 @@ unsafe fn add_rows_transposed<S: FlashSimd>(
 /// The causal rule: query `i0 + q` may see keys `j ≤ i0 + q + off`; only tiles crossing the
 /// frontier of the block's first query need work.
 #[inline(always)]
-unsafe fn causal<S: FlashSimd>(off: isize, i0: usize, nq: usize, j0: usize, nk: usize, s: *mut f32) {
+unsafe fn causal<S: FlashSimd>(
+    off: isize,
+    i0: usize,
+    nq: usize,
+    j0: usize,
+    nk: usize,
+    s: *mut f32,
+) {
     let first_limit = (i0 as isize).saturating_add(off);
     if (j0 + nk - 1) as isize > first_limit {
         for j in 0..nk {

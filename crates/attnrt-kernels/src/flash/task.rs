@@ -64,7 +64,9 @@ pub(crate) unsafe fn run_task<S: FlashSimd, const NR: usize>(
     let pos = TaskPos::of(job, task, S::BQ);
     let mut sub_kend = [0usize; MAX_QSUB];
     prepare_blocks::<S>(job, &pos, sc, &mut sub_kend);
-    let obase = job.out.offset(pos.b as isize * job.os[0] + pos.h as isize * job.os[1]);
+    let obase = job
+        .out
+        .offset(pos.b as isize * job.os[0] + pos.h as isize * job.os[1]);
     let mut ahead = plan_ahead::<S>(job, task, &pos, obase, &sub_kend[..pos.nsub]);
     attend_keys::<S, NR>(job, &pos, sc, &sub_kend[..pos.nsub], &mut ahead);
 
@@ -97,8 +99,10 @@ unsafe fn prepare_blocks<S: FlashSimd>(
     sub_kend: &mut [usize; MAX_QSUB],
 ) {
     let (bq, d, dv) = (S::BQ, job.d, job.dv);
-    let qbase = job.q.offset(pos.b as isize * job.qs[0] + pos.h as isize * job.qs[1]);
-    for sub in 0..pos.nsub {
+    let qbase = job
+        .q
+        .offset(pos.b as isize * job.qs[0] + pos.h as isize * job.qs[1]);
+    for (sub, kend) in sub_kend.iter_mut().enumerate().take(pos.nsub) {
         let i0 = pos.t0 + sub * bq;
         let nq = bq.min(job.q_len - i0);
         // The next sub-block's rows are fetched while this one is packed.
@@ -118,15 +122,24 @@ unsafe fn prepare_blocks<S: FlashSimd>(
         }
         // Keys past the causal frontier of the sub-block's last query are masked for all of its
         // queries: never visited.
-        sub_kend[sub] = job.live_keys;
+        *kend = job.live_keys;
         if let Some(off) = job.causal {
-            let limit = ((i0 + nq - 1) as isize).saturating_add(off).saturating_add(1);
-            sub_kend[sub] = if limit <= 0 { 0 } else { job.live_keys.min(limit as usize) };
+            let limit = ((i0 + nq - 1) as isize)
+                .saturating_add(off)
+                .saturating_add(1);
+            *kend = if limit <= 0 {
+                0
+            } else {
+                job.live_keys.min(limit as usize)
+            };
         }
         // Likewise keys after the last one the mask leaves any of its queries.
         if let Some(ends) = &job.key_ends {
-            let last = (i0..i0 + nq).map(|i| ends.end(pos.b, pos.h, i)).max().unwrap_or(0);
-            sub_kend[sub] = sub_kend[sub].min(last);
+            let last = (i0..i0 + nq)
+                .map(|i| ends.end(pos.b, pos.h, i))
+                .max()
+                .unwrap_or(0);
+            *kend = (*kend).min(last);
         }
     }
 }
@@ -160,17 +173,26 @@ unsafe fn plan_ahead<S: FlashSimd>(
         }
         let nk2 = S::BK.min(job.live_keys);
         if job.ks[3] == 1 {
-            let k2 = job.k.offset(b2 as isize * job.ks[0] + hk2 as isize * job.ks[1]);
+            let k2 = job
+                .k
+                .offset(b2 as isize * job.ks[0] + hk2 as isize * job.ks[1]);
             ahead[0].push(k2, job.ks[2], nk2, d);
         }
         if job.vs[3] == 1 {
-            let v2 = job.v.offset(b2 as isize * job.vs[0] + hk2 as isize * job.vs[1]);
+            let v2 = job
+                .v
+                .offset(b2 as isize * job.vs[0] + hk2 as isize * job.vs[1]);
             ahead[0].push(v2, job.vs[2], nk2, dv);
         }
     }
     if job.os[3] == 1 {
         let rows = (job.q_len - pos.t0).min(span);
-        ahead[0].push(obase.offset(pos.t0 as isize * job.os[2]), job.os[2], rows, dv);
+        ahead[0].push(
+            obase.offset(pos.t0 as isize * job.os[2]),
+            job.os[2],
+            rows,
+            dv,
+        );
     }
     let tiles_per_block = S::BK / S::MR + dv / S::MR;
     let blocks: usize = sub_kend.iter().map(|&e| e.div_ceil(S::BK)).sum();
@@ -190,15 +212,33 @@ unsafe fn attend_keys<S: FlashSimd, const NR: usize>(
 ) {
     let (bq, bk, d, dv) = (S::BQ, S::BK, job.d, job.dv);
     let kend = sub_kend.iter().copied().max().unwrap_or(0);
-    let kbase = job.k.offset(pos.b as isize * job.ks[0] + pos.hk as isize * job.ks[1]);
-    let vbase = job.v.offset(pos.b as isize * job.vs[0] + pos.hk as isize * job.vs[1]);
+    let kbase = job
+        .k
+        .offset(pos.b as isize * job.ks[0] + pos.hk as isize * job.ks[1]);
+    let vbase = job
+        .v
+        .offset(pos.b as isize * job.vs[0] + pos.hk as isize * job.vs[1]);
     let tiles_per_block = bk / S::MR + dv / S::MR;
     let (kp, vp) = (sc.kp.ptr(), sc.vp.ptr());
     let mut j0 = 0;
     while j0 < kend {
         let nk = bk.min(kend - j0);
-        pack_rows::<S>(kbase.offset(j0 as isize * job.ks[2]), job.ks[2], job.ks[3], nk, d, kp);
-        pack_rows::<S>(vbase.offset(j0 as isize * job.vs[2]), job.vs[2], job.vs[3], nk, dv, vp);
+        pack_rows::<S>(
+            kbase.offset(j0 as isize * job.ks[2]),
+            job.ks[2],
+            job.ks[3],
+            nk,
+            d,
+            kp,
+        );
+        pack_rows::<S>(
+            vbase.offset(j0 as isize * job.vs[2]),
+            job.vs[2],
+            job.vs[3],
+            nk,
+            dv,
+            vp,
+        );
         // The next key block is fetched while this one serves all sub-blocks.
         let next = j0 + nk;
         if next < kend {
@@ -258,7 +298,10 @@ unsafe fn attend_tile<S: FlashSimd, const N: usize>(
 ) {
     let (bq, d, dv, sub) = (S::BQ, job.d, job.dv, t.sub);
     let (m, l) = (sc.m.ptr().add(sub * bq), sc.l.ptr().add(sub * bq));
-    let (ot, qt) = (sc.ot.ptr().add(sub * dv * bq), sc.qt.ptr().add(sub * d * bq));
+    let (ot, qt) = (
+        sc.ot.ptr().add(sub * dv * bq),
+        sc.qt.ptr().add(sub * d * bq),
+    );
     let (s, alpha, kp, vp) = (sc.s.ptr(), sc.alpha.ptr(), sc.kp.ptr(), sc.vp.ptr());
     let needs_bias =
         job.softcap.is_some() || !matches!(job.mask, JobMask::None) || job.causal.is_some();
@@ -266,7 +309,17 @@ unsafe fn attend_tile<S: FlashSimd, const N: usize>(
     // which folds them into the running max on the way.
     let fuse = !needs_bias;
     let mut mx = load_max::<S, N>(m);
-    qk_block::<S, N>(kp, d as isize, 1, d, t.nk, qt, s, ahead, fuse.then_some(&mut mx));
+    qk_block::<S, N>(
+        kp,
+        d as isize,
+        1,
+        d,
+        t.nk,
+        qt,
+        s,
+        ahead,
+        fuse.then_some(&mut mx),
+    );
     if needs_bias {
         bias_block::<S, N>(job, pos.b, pos.h, t.i0, t.nq, t.j0, t.nk, s);
     }

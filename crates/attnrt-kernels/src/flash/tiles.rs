@@ -262,7 +262,10 @@ pub(super) unsafe fn softmax_block<S: FlashSimd, const N: usize>(
     }
     for (n, x) in sum.iter().enumerate() {
         let lp = l.add(n * S::LANES);
-        S::store(lp, S::fma(S::load(lp), S::load(alpha.add(n * S::LANES)), *x));
+        S::store(
+            lp,
+            S::fma(S::load(lp), S::load(alpha.add(n * S::LANES)), *x),
+        );
     }
     rescale
 }
