@@ -11,7 +11,8 @@ Every round runs, in alternating order,
 
 each under ``/usr/bin/time -v`` (with ``--case NPZ``: ``attnrt run MODEL --input-npz NPZ
 --no-diff`` against ONNX Runtime's load and one run, for encoders): the process's peak RSS ("Maximum resident set size") and its
-wall time from start to exit (load, fuse/optimize, plan, the prompt, every token). Each
+wall time from start to exit (load, fuse/optimize, plan, the prompt, every token) and its CPU
+time (user + system: on a machine shared with other work, less noisy than the wall time). Each
 engine also reports its own time to the first token and its median decode step.
 
 Copy and read benchmarks measured in the same run (numpy, ``T`` threads, 512 MB buffers, far
@@ -45,8 +46,9 @@ from pathlib import Path
 import numpy as np
 
 
-def weight_bytes(model: Path) -> int:
-    """Bytes of the file's initializers (inline and external), without loading their data."""
+def weights_and_vocab(model: Path) -> tuple[int, int]:
+    """Bytes of the file's initializers (inline and external), without loading their data, and
+    the last dim of its first output (a decoder's vocabulary, when static)."""
     import onnx
 
     m = onnx.load(str(model), load_external_data=False)
@@ -54,7 +56,8 @@ def weight_bytes(model: Path) -> int:
     for t in m.graph.initializer:
         n = int(np.prod(t.dims)) if len(t.dims) else 1
         total += n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    return total
+    dims = m.graph.output[0].type.tensor_type.shape.dim
+    return total, dims[-1].dim_value if dims else 0
 
 
 def bandwidth_gbs(threads: int, mb: int = 512, rounds: int = 5) -> tuple[float, float]:
@@ -124,18 +127,24 @@ def ort_child(args) -> None:
 
 
 def prompt_ids(args) -> list[int]:
-    return [int(x) for x in np.random.default_rng(args.seed).integers(2, 32000, args.prompt_len)]
+    rng = np.random.default_rng(args.seed)
+    return [int(x) for x in rng.integers(2, args.vocab, args.prompt_len)]
 
 
-def timed(cmd: list[str]) -> tuple[dict, float, float]:
-    """Runs ``cmd`` under /usr/bin/time -v: (its JSON stdout, peak RSS in MB, wall seconds)."""
+def timed(cmd: list[str]) -> tuple[dict, float, float, float]:
+    """Runs ``cmd`` under /usr/bin/time -v: (its JSON stdout, peak RSS in MiB, wall seconds,
+    CPU seconds: user + system, less sensitive than wall time to other processes' load)."""
     t = time.perf_counter()
     r = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True)
     wall = time.perf_counter() - t
     if r.returncode != 0:
         sys.exit(f"{cmd[0]} failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr)
-    return json.loads(r.stdout), int(rss.group(1)) / 1024, wall
+
+    def field(name: str) -> float:
+        return float(re.search(re.escape(name) + r": ([\d.]+)", r.stderr).group(1))
+
+    cpu = field("User time (seconds)") + field("System time (seconds)")
+    return json.loads(r.stdout), field("Maximum resident set size (kbytes)") / 1024, wall, cpu
 
 
 def engines(args) -> dict[str, list[str]]:
@@ -153,6 +162,7 @@ def engines(args) -> dict[str, list[str]]:
                    "--max-new-tokens", str(args.max_new_tokens), "--json", *common],
         "ort": [sys.executable, __file__, "--ort-child", "--model", str(args.model),
                 "--prompt-len", str(args.prompt_len), "--seed", str(args.seed),
+                "--vocab", str(args.vocab),
                 "--max-new-tokens", str(args.max_new_tokens), *common],
     }
 
@@ -186,29 +196,32 @@ def main() -> None:
     p.add_argument("--case", type=Path,
                    help="an inputs .npz: one run after loading (`attnrt run --no-diff`) instead "
                         "of generation")
+    p.add_argument("--vocab", type=int, default=0,
+                   help="prompt ids are drawn from [2, N) (default: the logits' last dim)")
     p.add_argument("--ort-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.ort_child:
         return ort_child(args)
-    weights = weight_bytes(args.model)
+    weights, vocab = weights_and_vocab(args.model)
+    args.vocab = args.vocab or vocab or 2
     copy, read = bandwidth_gbs(args.threads)
     limit_ms = weights / (max(copy, read) * 1e9) * 1e3
     print(f"weights {weights / 1e6:.0f} MB; bandwidth ({args.threads} threads): copy {copy:.1f} "
           f"GB/s, read {read:.1f} GB/s; weight-streaming limit of a step (weights / the larger) "
           f"{limit_ms:.1f} ms; load average {os.getloadavg()[0]:.1f}")
-    print("| round | engine | peak RSS MiB | × weights | wall s | first token (run) ms | median step ms "
-          "| limit / step |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| round | engine | peak RSS MiB | × weights | wall s | CPU s | first token (run) ms "
+          "| median step ms | limit / step |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     cmds, tokens = engines(args), {}
     for r in range(args.rounds):
         order = ["attnrt", "ort"] if r % 2 == 0 else ["ort", "attnrt"]
         for e in order:
-            out, rss, wall = timed(cmds[e])
+            out, rss, wall, cpu = timed(cmds[e])
             first, step = step_ms(e, out)
             tokens[e] = tokens_of(e, out)
             share = f"{limit_ms / step:.0%}" if step else "-"
             print(f"| {r} | {e} | {rss:,.0f} | {rss * 2**20 / weights:.2f} | {wall:.1f} | "
-                  f"{first:.0f} | {step or 0:.1f} | {share} |", flush=True)
+                  f"{cpu:.1f} | {first:.0f} | {step or 0:.1f} | {share} |", flush=True)
     if args.case:
         return
     same = tokens["attnrt"] == tokens["ort"]
