@@ -148,7 +148,6 @@ def timed(cmd: list[str]) -> tuple[dict, float, float, float]:
 
 
 def engines(args) -> dict[str, list[str]]:
-    ids = ",".join(map(str, prompt_ids(args)))
     common = ["--threads", str(args.threads)]
     if args.case:
         return {
@@ -157,6 +156,7 @@ def engines(args) -> dict[str, list[str]]:
             "ort": [sys.executable, __file__, "--ort-child", "--model", str(args.model),
                     "--case", str(args.case), *common],
         }
+    ids = ",".join(map(str, prompt_ids(args)))
     return {
         "attnrt": [args.attnrt, "generate", str(args.model), "--prompt-ids", ids,
                    "--max-new-tokens", str(args.max_new_tokens), "--json", *common],
