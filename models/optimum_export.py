@@ -17,8 +17,15 @@ Models (seeded random weights from a tiny config; nothing downloaded):
   ``whisper_optimum.decoder_with_past.onnx`` (self-attention cache in, cross-attention keys and
   values computed once by the first step and fed as inputs), and
   ``whisper_optimum.decoder_merged.onnx``, both in the two branches of one ``If`` on the input
-  ``use_cache_branch`` (a case per branch). Not shipped: the encoder (1500 positions of 3000
-  frames: a 0.7 MB file that covers nothing the shipped encoders do not).
+  ``use_cache_branch`` (a case per branch), and ``whisper_optimum.encoder.onnx`` (optimum's
+  ``encoder_model.onnx`` of the same export: 16 mel bins × 3000 frames in, 1500 positions out;
+  one case of batch 1). ``whisper_optimum.greedy.npz`` holds PyTorch's greedy tokens for the
+  pair (encoder once, then the decoder with its cache, argmax; ``greedy_reference``): a batch of
+  two rows, the encoder case's features scaled by ``scales`` (1 and 0.5), each row with its own
+  ``decoder_start_ids``; ``attnrt generate``'s tests compare with them.
+
+* ``bart_optimum`` and ``t5_optimum``: text-to-text encoder–decoders, their encoder and merged
+  decoder with cases and greedy tokens (``models/optimum_seq2seq.py``).
 
 * ``llama_cache_optimum``: ``LlamaForCausalLM`` (hidden 64, 2 layers, 4 query / 2 KV heads,
   vocabulary 100), ``--task text-generation-with-past``: optimum 2's one decoder file with its
@@ -48,6 +55,7 @@ MODELS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(MODELS_DIR))
 from export import analyse, dims_of, sha256  # noqa: E402  (after the path above)
 from metadata_paths import scrub_model  # noqa: E402
+import optimum_seq2seq  # noqa: E402
 
 GENERATED_BY = "models/optimum_export.py"
 SOURCES = {
@@ -55,6 +63,7 @@ SOURCES = {
                        "--task automatic-speech-recognition-with-past",
     "llama_cache_optimum": "transformers.LlamaForCausalLM via optimum-cli export onnx --task "
                            "text-generation-with-past",
+    **optimum_seq2seq.SOURCES,
 }
 LAYERS, HEADS, HEAD = 2, 4, 16
 
@@ -64,12 +73,15 @@ def whisper(dest: Path) -> Path:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     torch.manual_seed(25)
+    # init_std 0.4, not 0.02: with transformers' default the tiny decoder barely reads the
+    # encoder (its greedy tokens are the same for any features), so no test could see a lost
+    # cross-attention cache
     cfg = WhisperConfig(
         vocab_size=100, num_mel_bins=16, encoder_layers=LAYERS, decoder_layers=LAYERS,
         encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, d_model=HEADS * HEAD,
         encoder_ffn_dim=128, decoder_ffn_dim=128, max_source_positions=1500,
         max_target_positions=64, decoder_start_token_id=1, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2,
+        eos_token_id=2, init_std=0.4,
     )
     model = WhisperForConditionalGeneration(cfg).eval()
     with torch.no_grad():  # LayerNorms start at 1 and 0: move them off the trivial values
@@ -136,6 +148,42 @@ def cases(model, rng: np.random.Generator) -> dict[str, list[tuple[str, dict, di
         "decoder_merged": [("prefill", merged_first, first),
                            ("decode_p4_n1", merged_later, second)],
     }
+
+
+def encoder_case(model, rng: np.random.Generator) -> list[tuple[str, dict, dict]]:
+    """The encoder's case: one row of log-mel features (3000 frames, as Whisper requires)."""
+    features = rng.standard_normal((1, 16, 3000)).astype(np.float32)
+    with torch.no_grad():
+        states = model.model.encoder(torch.from_numpy(features)).last_hidden_state.numpy()
+    return [("case", {"input_features": features}, {"last_hidden_state": states})]
+
+
+def greedy_reference(model, features: np.ndarray, start: np.ndarray, steps: int) -> np.ndarray:
+    """PyTorch's greedy tokens, `[batch, steps]`: the encoder once, then `steps` decoder steps,
+    each on the cache of the one before (the cross-attention keys and values of the first)."""
+    with torch.no_grad():
+        states = model.model.encoder(torch.from_numpy(features)).last_hidden_state.numpy()
+    ids, past, tokens = start, None, []
+    for _ in range(steps):
+        logits, layers = torch_decoder(model, ids, states, past)
+        ids = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
+        tokens.append(ids)
+        past = tuple(tuple(map(torch.from_numpy, layer)) for layer in layers)
+    return np.concatenate(tokens, axis=1)
+
+
+def save_greedy(model, features: np.ndarray) -> None:
+    """`whisper_optimum.greedy.npz` (see the module docs); the tokens must depend on the encoder's
+    states, or a generation that lost the cross-attention cache would pass."""
+    scales = np.array([1.0, 0.5], np.float32)
+    batch = np.concatenate([features * s for s in scales]).astype(np.float32)
+    start = np.array([[1, 5, 7], [1, 9, 7]], np.int64)
+    tokens = greedy_reference(model, batch, start, 12)
+    assert not np.array_equal(tokens, greedy_reference(model, 0 * batch, start, 12))
+    assert not np.array_equal(tokens[0], tokens[1])
+    np.savez(MODELS_DIR / "whisper_optimum.greedy.npz", scales=scales, decoder_start_ids=start,
+             tokens=tokens)
+    print(f"whisper_optimum greedy tokens: {tokens.tolist()}")
 
 
 def llama(dest: Path) -> Path:
@@ -263,9 +311,12 @@ def main() -> int:
         optimum_export(checkpoint, out, "automatic-speech-recognition-with-past")
         model = WhisperForConditionalGeneration.from_pretrained(checkpoint).eval()
         exported = {"decoder": "decoder_model", "decoder_with_past": "decoder_with_past_model",
-                    "decoder_merged": "decoder_model_merged"}
+                    "decoder_merged": "decoder_model_merged", "encoder": "encoder_model"}
         per_file = {f"whisper_optimum.{part}": (out / f"{exported[part]}.onnx", c)
                     for part, c in cases(model, np.random.default_rng(25)).items()}
+        encoder = encoder_case(model, np.random.default_rng(27))
+        per_file["whisper_optimum.encoder"] = (out / "encoder_model.onnx", encoder)
+        save_greedy(model, encoder[0][1]["input_features"])
         from transformers import LlamaForCausalLM
 
         checkpoint = llama(Path(tmp))
@@ -273,6 +324,10 @@ def main() -> int:
         model = LlamaForCausalLM.from_pretrained(checkpoint).eval()
         per_file["llama_cache_optimum"] = (Path(tmp) / "llama" / "model.onnx",
                                            llama_cases(model, np.random.default_rng(26)))
+        for build, name, seed in [(optimum_seq2seq.bart, "bart_optimum", 28),
+                                  (optimum_seq2seq.t5, "t5_optimum", 29)]:
+            per_file |= optimum_seq2seq.export(build, name, Path(tmp), optimum_export,
+                                               MODELS_DIR, seed)
         for name, (exported, case_list) in per_file.items():
             dest = MODELS_DIR / f"{name}.onnx"
             onnx_model = onnx.load(str(exported))
@@ -285,8 +340,11 @@ def main() -> int:
                 diffs.append(max_diff(dest, inputs, want))
                 print(f"{dest.name} {case}: ONNX Runtime vs PyTorch max |diff| {diffs[-1]:.3e}")
                 assert diffs[-1] < 1e-4, f"{dest.name} {case} differs from PyTorch"
+            padded = ["padding-mask"] if name.startswith(("bart", "t5")) else []
             semantic = (["causal", "kv-cache", "gqa", "padding-mask"] if "llama" in name else
-                        ["causal", "cross-attention"] + (["kv-cache"] if "past" in name else []))
+                        padded if "encoder" in name else
+                        ["causal", "cross-attention", *padded]
+                        + (["kv-cache"] if "past" in name else []))
             entries.append(entry(name, dest, case_list, diffs, semantic))
     files = {e["file"] for e in entries}
     doc["models"] = [e for e in doc["models"] if e["file"] not in files] + entries

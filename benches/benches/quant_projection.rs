@@ -4,11 +4,15 @@
 //! (`attnrt_kernels::projection::project`) on the same shapes, on this process's kernel set and
 //! a pool of `ATTNRT_BENCH_THREADS` threads (default 2): BERT-base / GPT-2 small projections,
 //! tokens × k · W[k, n] for (k, n) ∈ {768×768, 768×3072, 3072×768}, bias added, weights hot.
-//! Rounds alternate which runs first; medians, and the int8 run's multiply-accumulates per second.
+//! Rounds alternate which runs first; medians, the int8 run's multiply-accumulates per second,
+//! and each weight's packed bytes streamed per second (at one token, a decode step, the weight
+//! is read once per call and its bytes are the cost: int8 weights are packed as i8, float32 ones
+//! as f32).
 //!
 //! ```sh
 //! cargo bench -p attnrt-benches --bench quant_projection
 //! ATTNRT_BENCH_ROUNDS=20 ATTNRT_BENCH_LENS=128 cargo bench -p attnrt-benches --bench quant_projection
+//! ATTNRT_BENCH_ROUNDS=50 ATTNRT_BENCH_LENS=1 cargo bench -p attnrt-benches --bench quant_projection
 //! ```
 
 use std::time::Instant;
@@ -40,6 +44,8 @@ fn main() -> Result<()> {
         "f32 ms",
         "f32 / int8",
         "int8 GMAC/s",
+        "int8 weight GB/s",
+        "f32 weight GB/s",
     ]);
     for &m in &lens {
         for (k, n) in [(768usize, 768usize), (768, 3072), (3072, 768)] {
@@ -98,6 +104,8 @@ fn main() -> Result<()> {
                 format!("{b:.3}"),
                 format!("{:.2}", b / a),
                 format!("{:.1}", (m * k * n) as f64 / 1e9 / (a * 1e-3)),
+                format!("{:.1}", quant_w.bytes() as f64 / 1e9 / (a * 1e-3)),
+                format!("{:.1}", (k * n * 4) as f64 / 1e9 / (b * 1e-3)),
             ]);
         }
     }

@@ -14,7 +14,10 @@ import pytest
 import attnrt
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
-DECODERS = ["gpt2_cache_eager.ts.onnx", "llama_cache_sdpa.dynamo.onnx"]
+# The int8 decoders with 7-bit weights (models/quantize.py): ONNX Runtime's integer products are
+# exact on them on every CPU, so its greedy loop is a reference for attnrt's.
+DECODERS = ["gpt2_cache_eager.ts.onnx", "llama_cache_sdpa.dynamo.onnx",
+            "gpt2_cache_eager.ts.qint8rr.onnx", "llama_cache_eager.ts.qint8rr.onnx"]
 
 
 def ort_greedy(path: Path, prompt: list, n: int) -> list:
@@ -109,3 +112,116 @@ def test_mistakes_raise_attnrt_errors():
         attnrt.generate(model, [1, 100000], max_new_tokens=2)
     with pytest.raises(attnrt.AttnrtError, match="no cache inputs"):
         attnrt.Model(MODELS / "bert_eager.ts.onnx")
+
+
+# Encoder–decoder pairs (issue 25 item 4): optimum's tiny Whisper (merged decoder, and the
+# decoder with past with the decoder that makes its first step), BART and T5 (merged decoder,
+# which also takes the encoder's attention mask; their encoder batch has a row padded on the
+# right). Their greedy tokens are PyTorch's (models/*.greedy.npz, written by the export scripts:
+# transformers' encoder once, then its decoder with its cache), fused and unfused alike.
+
+WHISPER = {
+    "merged": dict(model="whisper_optimum.decoder_merged.onnx"),
+    "two_file": dict(
+        model="whisper_optimum.decoder_with_past.onnx", first_step="whisper_optimum.decoder.onnx"
+    ),
+}
+
+
+def whisper_reference():
+    """PyTorch's greedy tokens and decoder start ids (one row each), and the encoder inputs of
+    those rows: the saved case's features scaled per row."""
+    greedy = np.load(MODELS / "whisper_optimum.greedy.npz")
+    features = np.load(MODELS / "whisper_optimum.encoder.case.inputs.npz")["input_features"]
+    rows = [features * scale for scale in greedy["scales"]]
+    return greedy["decoder_start_ids"].tolist(), greedy["tokens"].tolist(), rows
+
+
+def pair(files: dict, encoder: str, fuse: bool) -> attnrt.Model:
+    parts = {k: MODELS / v for k, v in files.items()}
+    return attnrt.Model(parts.pop("model"), encoder=MODELS / encoder, fuse=fuse, threads=2, **parts)
+
+
+@pytest.mark.parametrize("form", sorted(WHISPER))
+@pytest.mark.parametrize("fuse", [True, False])
+def test_whisper_generates_pytorchs_greedy_tokens(form, fuse):
+    starts, want, features = whisper_reference()
+    model = pair(WHISPER[form], "whisper_optimum.encoder.onnx", fuse)
+    for part in ["decoder", "encoder"] + (["first_step"] if form == "two_file" else []):
+        report = model.fusion_report(part)
+        assert (report is not None and report["blocks"]) if fuse else report is None, part
+    n = len(want[0])
+    batch = {"input_features": np.concatenate(features)}
+    assert attnrt.generate(model, starts, max_new_tokens=n, encoder_inputs=batch) == want
+    # each row alone, through the onnxruntime-genai-shaped loop
+    for row in range(2):
+        params = attnrt.GeneratorParams(model)
+        params.set_search_options(max_new_tokens=n)
+        params.set_encoder_inputs({"input_features": features[row]})
+        generator = attnrt.Generator(model, params)
+        generator.append_tokens(starts[row])
+        made = [tokens[0] for tokens in generator]
+        assert made == want[row], f"row {row}"
+        assert generator.get_sequence(0) == starts[row] + want[row]
+        report = generator.report()
+        assert report["encoder_ms"] > 0 and report["stopped"] == "max_new_tokens"
+        assert [s["past"] for s in report["steps"][:3]] == [0, 3, 4], "the cache grows"
+
+
+def test_the_tokens_depend_on_the_encoder_inputs():
+    starts, want, features = whisper_reference()
+    model = pair(WHISPER["merged"], "whisper_optimum.encoder.onnx", True)
+    silent = {"input_features": np.zeros_like(features[0])}
+    made = attnrt.generate(model, starts[0], max_new_tokens=len(want[0]), encoder_inputs=silent)
+    assert made != want[0]
+
+
+@pytest.mark.parametrize("name", ["bart_optimum", "t5_optimum"])
+@pytest.mark.parametrize("fuse", [True, False])
+def test_bart_and_t5_generate_pytorchs_greedy_tokens(name, fuse):
+    saved = np.load(MODELS / f"{name}.greedy.npz")
+    model = pair(dict(model=f"{name}.decoder_merged.onnx"), f"{name}.encoder.onnx", fuse)
+    assert bool(model.fusion_report("encoder")) == fuse
+    inputs = {k: saved[k] for k in ("input_ids", "attention_mask")}
+    want = saved["tokens"].tolist()
+    starts = saved["decoder_start_ids"].tolist()
+    assert attnrt.generate(model, starts, max_new_tokens=len(want[0]), encoder_inputs=inputs) == want
+
+
+def test_bad_pairs_raise_with_the_file_and_input_named():
+    merged, encoder = MODELS / "whisper_optimum.decoder_merged.onnx", MODELS / "whisper_optimum.encoder.onnx"
+    with_past, first = MODELS / "whisper_optimum.decoder_with_past.onnx", MODELS / "whisper_optimum.decoder.onnx"
+    gpt2 = MODELS / "gpt2_cache_eager.ts.onnx"
+    refused = [
+        # a decoder that takes the encoder's states, given no encoder
+        (dict(model=merged), "whisper_optimum.decoder_merged.onnx: takes the encoder's states.*encoder="),
+        # the decoder with past cannot make its first step
+        (dict(model=with_past, encoder=encoder), "past_key_values.0.encoder.key.*first_step="),
+        (dict(model=with_past, first_step=first), "give its encoder"),
+        # a decoder-only model has nothing for an encoder to feed
+        (dict(model=gpt2, encoder=encoder), "gpt2_cache_eager.ts.onnx: takes no encoder states.*nothing to feed"),
+        # an "encoder" none of whose outputs gives the decoder's states
+        (dict(model=merged, encoder=gpt2), "none of its outputs.*'encoder_hidden_states'"),
+        # a first step that does not give the presents the decoder takes
+        (dict(model=with_past, encoder=encoder, first_step=encoder), "gives no output 'logits'"),
+    ]
+    for kwargs, message in refused:
+        with pytest.raises(attnrt.AttnrtError, match=message):
+            attnrt.Model(kwargs.pop("model"), fuse=False, **kwargs)
+    starts, _, features = whisper_reference()
+    model = attnrt.Model(merged, encoder=encoder, fuse=False)
+    with pytest.raises(attnrt.AttnrtError, match="no inputs given"):
+        attnrt.generate(model, starts[0], max_new_tokens=2)
+    with pytest.raises(attnrt.AttnrtError, match=r"last_hidden_state.*2 row\(s\)"):
+        attnrt.generate(model, starts, max_new_tokens=2, encoder_inputs={"input_features": features[0]})
+    with pytest.raises(attnrt.AttnrtError, match="feed 'input_features' is a list"):
+        attnrt.generate(model, starts[0], max_new_tokens=2, encoder_inputs={"input_features": [1.0]})
+    with pytest.raises(attnrt.AttnrtError, match="encoder inputs given, but no encoder"):
+        attnrt.generate(attnrt.Model(gpt2), [1, 2], max_new_tokens=2, encoder_inputs={"x": features[0]})
+    generator = attnrt.Generator(model, attnrt.GeneratorParams(model))
+    generator.set_encoder_inputs({"input_features": features[0]})
+    generator.append_tokens(starts[0])
+    with pytest.raises(attnrt.AttnrtError, match="give them before append_tokens"):
+        generator.set_encoder_inputs({"input_features": features[1]})
+    with pytest.raises(attnrt.AttnrtError, match="no model part 'decoder_with_past'"):
+        model.fusion_report("decoder_with_past")

@@ -1,5 +1,6 @@
 //! `attnrt generate`: generation (greedy, or sampled with transformers' logits processors) with
-//! a decoder exported with its key/value cache.
+//! a decoder exported with its key/value cache, or an encoder–decoder pair (`--encoder`: the
+//! encoder runs once, then the decoder's loop, from `--decoder-start-ids`).
 //!
 //! Generation stops at the model's context (its position table's rows, or `--max-length`):
 //! that is a result, not an error, so the tokens are printed (also in `--json`, with
@@ -14,8 +15,8 @@ use attnrt::generate::{
     Generation, GenerationFailed, GenerationOptions, GenerationReport, Generator, SamplingOptions,
     StepReport, StopReason,
 };
-use attnrt::harness::Tolerance;
-use attnrt::{FusionReport, SessionOptions, Threads};
+use attnrt::harness::{InputOptions, Tolerance};
+use attnrt::{Fused, FusionReport, LoadedModel, NamedTensor, SessionOptions, Threads};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
@@ -29,9 +30,23 @@ use crate::stream::RowText;
 pub struct GenerateArgs {
     /// The decoder (exported with past_key_values inputs and present outputs).
     pub model: PathBuf,
+    /// The encoder of an encoder–decoder pair (optimum's `encoder_model.onnx`; MODEL is then
+    /// the decoder taking `encoder_hidden_states`, e.g. `decoder_model_merged.onnx`): it runs
+    /// once, on --encoder-inputs, before the decoder's first step.
+    #[arg(long, value_name = "FILE")]
+    pub encoder: Option<PathBuf>,
+    /// With a decoder with past (optimum's `decoder_with_past_model.onnx`, MODEL), the decoder
+    /// that makes the first step (`decoder_model.onnx`: it computes the cross-attention keys and
+    /// values the decoder with past takes).
+    #[arg(long, value_name = "FILE", requires = "encoder")]
+    pub first_step: Option<PathBuf>,
+    /// The encoder's inputs, by name, one row per prompt (default: seeded random inputs, one
+    /// row); a single --prompt-ids serves every row.
+    #[arg(long, value_name = "FILE.npz", requires = "encoder")]
+    pub encoder_inputs: Option<PathBuf>,
     /// The prompt as token ids, e.g. `1,2,3`; given several times, one row of a batch each
-    /// (padded on the left).
-    #[arg(long, value_name = "IDS", value_parser = parse_ids, conflicts_with_all = ["prompt_len", "prompt"])]
+    /// (padded on the left). For an encoder–decoder, the decoder's start ids.
+    #[arg(long, visible_alias = "decoder-start-ids", value_name = "IDS", value_parser = parse_ids, conflicts_with_all = ["prompt_len", "prompt"])]
     pub prompt_ids: Vec<PromptIds>,
     /// A prompt of N seeded random token ids.
     #[arg(long, value_name = "N", conflicts_with = "prompt")]
@@ -60,7 +75,8 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_length: Option<u64>,
     /// Run the original (unfused) graph in lockstep; exit 3 if a token differs or logits drift
-    /// beyond --atol/--rtol.
+    /// beyond --atol/--rtol. On a dynamically quantized decoder, a step that differs is judged
+    /// again with the unfused step's int8 activation quantizations pinned (as `run` does).
     #[arg(long)]
     pub check: bool,
     /// Absolute tolerance of --check's logits comparison.
@@ -165,8 +181,16 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         .transpose()?;
     let threads = threads(args.threads)?;
     let (generator, fusion) = open(&args, &name, &threads)?;
+    let (generator, encoder) = open_encoder(&args, generator, &threads)?;
     let blocks = fusion.as_ref().map_or(0, |f| f.blocks.len());
-    let prompts = prompts(&args, tokenizer.as_ref(), generator.signature().vocab)?;
+    let mut prompts = prompts(&args, tokenizer.as_ref(), generator.signature().vocab)?;
+    let encoder_rows = encoder
+        .inputs
+        .first()
+        .and_then(|t| t.tensor.shape().first());
+    if let (1, Some(&rows)) = (prompts.len(), encoder_rows) {
+        prompts = vec![prompts[0].clone(); rows];
+    }
     let options = GenerationOptions {
         prompts,
         max_new_tokens: args.max_new_tokens,
@@ -174,6 +198,7 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         check: args.check.then_some(tol),
         max_length: args.max_length.map(|n| n as usize),
         sampling: args.sampling.options(args.seed),
+        encoder_inputs: encoder.inputs,
     };
     // Text is printed as it is made for one prompt with a tokenizer (not with --json).
     let streaming = tokenizer.is_some() && !args.json && options.prompts.len() == 1;
@@ -202,6 +227,11 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         name: &name,
         blocks,
         fusion: fusion.as_ref(),
+        encoder: encoder.fusion.as_ref().map(|f| (encoder.name.as_str(), f)),
+        first_step: encoder
+            .first_step
+            .as_ref()
+            .and_then(|(n, f)| f.as_ref().map(|f| (n.as_str(), f))),
         generator: &generator,
         threads: threads.count(),
     };
@@ -223,22 +253,95 @@ fn open(
     name: &str,
     threads: &Threads,
 ) -> Result<(Generator, Option<FusionReport>)> {
-    let loaded = load(&args.model, &args.limits.limits())?;
+    let (loaded, fused) = load_and_fuse(args, &args.model, name)?;
+    let model = fused.as_ref().map_or(&loaded.model, |f| &f.model);
+    let reference = args.check.then_some(&loaded.model);
+    let options = session_options(args);
+    let generator = Generator::with_options(model, reference, threads, name, &options)?;
+    Ok((generator, fused.map(|f| f.report)))
+}
+
+/// The model at `path` loaded, and fused unless `--no-fuse` (`name` names it in errors).
+fn load_and_fuse(
+    args: &GenerateArgs,
+    path: &std::path::Path,
+    name: &str,
+) -> Result<(LoadedModel, Option<Fused>)> {
+    let loaded = load(path, &args.limits.limits())?;
     let fused = if args.no_fuse {
         None
     } else {
         Some(attnrt::fuse(&loaded.model).with_context(|| format!("{name}: fusion failed"))?)
     };
+    Ok((loaded, fused))
+}
+
+/// An encoder–decoder's encoder, as `open_encoder` made it.
+#[derive(Default)]
+struct OpenedEncoder {
+    name: String,
+    fusion: Option<FusionReport>,
+    inputs: Vec<NamedTensor>,
+    /// The first step's decoder (`--first-step`) and its fusion report.
+    first_step: Option<(String, Option<FusionReport>)>,
+}
+
+/// With `--encoder`: the generator with the encoder loaded and fused (unless `--no-fuse`; the
+/// original in lockstep for `--check`), its fusion report and its inputs (`--encoder-inputs`,
+/// else seeded random ones).
+fn open_encoder(
+    args: &GenerateArgs,
+    generator: Generator,
+    threads: &Threads,
+) -> Result<(Generator, OpenedEncoder)> {
+    let Some(path) = &args.encoder else {
+        return Ok((generator, OpenedEncoder::default()));
+    };
+    let options = session_options(args);
+    let (generator, first_step) = match &args.first_step {
+        Some(first) => {
+            let name = first.display().to_string();
+            let (loaded, fused) = load_and_fuse(args, first, &name)?;
+            let model = fused.as_ref().map_or(&loaded.model, |f| &f.model);
+            let reference = args.check.then_some(&loaded.model);
+            let g = generator.with_first_step(model, reference, threads, &name, &options)?;
+            (g, Some((name, fused.map(|f| f.report))))
+        }
+        None => (generator, None),
+    };
+    let name = path.display().to_string();
+    let limits = args.limits.limits();
+    let (loaded, fused) = load_and_fuse(args, path, &name)?;
     let model = fused.as_ref().map_or(&loaded.model, |f| &f.model);
     let reference = args.check.then_some(&loaded.model);
-    let options = SessionOptions {
+    let generator = generator.with_encoder(model, reference, threads, &name, &options)?;
+    let input_options = InputOptions {
+        npz: args.encoder_inputs.clone(),
+        seed: args.seed,
+        max_elements: limits.max_tensor_elements,
+        budget: args.memory.budget(),
+        ..InputOptions::default()
+    };
+    let inputs = attnrt::harness::prepare_inputs(&loaded.model, &input_options)
+        .with_context(|| format!("preparing the inputs of encoder {name}"))?
+        .tensors;
+    let encoder = OpenedEncoder {
+        name,
+        fusion: fused.map(|f| f.report),
+        inputs,
+        first_step,
+    };
+    Ok((generator, encoder))
+}
+
+/// The session options of the flags (the encoder's and the decoder's).
+fn session_options(args: &GenerateArgs) -> SessionOptions {
+    SessionOptions {
         attnrt_ops: args.matmul.attnrt_ops(),
         half_as_float: args.half.on(),
         max_memory: args.memory.budget(),
         ..SessionOptions::default()
-    };
-    let generator = Generator::with_options(model, reference, threads, name, &options)?;
-    Ok((generator, fused.map(|f| f.report)))
+    }
 }
 
 /// What the report shows besides the generation itself.
@@ -246,6 +349,10 @@ struct Shown<'a> {
     name: &'a str,
     blocks: usize,
     fusion: Option<&'a FusionReport>,
+    /// An encoder–decoder's encoder and its fusion report.
+    encoder: Option<(&'a str, &'a FusionReport)>,
+    /// The decoder that made the first step (`--first-step`) and its fusion report.
+    first_step: Option<(&'a str, &'a FusionReport)>,
     generator: &'a Generator,
     threads: usize,
 }
@@ -271,6 +378,16 @@ impl Shown<'_> {
                 "threads": self.threads,
                 "fused_blocks": self.blocks,
                 "fusion": self.fusion,
+                "encoder": self.encoder.map(|(model, fusion)| json!({
+                    "model": model,
+                    "fused_blocks": fusion.blocks.len(),
+                    "fusion": fusion,
+                })),
+                "first_step": self.first_step.map(|(model, fusion)| json!({
+                    "model": model,
+                    "fused_blocks": fusion.blocks.len(),
+                    "fusion": fusion,
+                })),
                 "signature": self.generator.signature(),
                 "report": report,
                 "text": text,
@@ -286,6 +403,16 @@ impl Shown<'_> {
         } else {
             let shown_texts = if streamed { None } else { texts };
             print_text(self.name, self.blocks, report, shown_texts, tol);
+            if let (Some((model, fusion)), Some(ms)) = (self.encoder, report.encoder_ms) {
+                println!(
+                    "encoder: {model}: {} attention block(s) fused; ran once in {ms:.2} ms",
+                    fusion.blocks.len()
+                );
+            }
+            if let Some((model, fusion)) = self.first_step {
+                let n = fusion.blocks.len();
+                println!("first step: {model}: {n} attention block(s) fused");
+            }
         }
         if let (StopReason::Context, Some(c)) = (report.stopped, &report.context) {
             let given = if c.table.is_none() {
@@ -470,6 +597,17 @@ fn first_disagreement(r: &GenerationReport) -> String {
         .iter()
         .find_map(|s| {
             let c = s.check.as_ref().filter(|c| !c.ok)?;
+            if let Some(p) = &c.pinned {
+                return Some(format!(
+                    "step {}: with the unfused graph's int8 quantization pinned, logits differ by \
+                     {:.3e}, tokens {:?} vs {:?}, {} projection(s) diverged",
+                    s.step,
+                    p.logits.max_abs,
+                    p.tokens,
+                    c.reference_tokens,
+                    p.pins.diverged.len()
+                ));
+            }
             Some(if c.reference_token != s.token {
                 format!(
                     "step {}: token {} but the unfused graph gives {}",

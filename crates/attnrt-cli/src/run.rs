@@ -8,6 +8,7 @@ use attnrt::harness::{
     compare, read_npz_tensors, summarize, write_npz, CompareOptions, Comparison, OutputDiff,
     PathRun, PreparedInputs, Tolerance, ToleranceChoice,
 };
+use attnrt::runtime::quant_pins::PinReport;
 use attnrt::{dtype_name, Threads};
 use clap::Args;
 use serde_json::json;
@@ -48,7 +49,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "A")]
     pub atol: Option<f64>,
     /// Relative tolerance of the diffs: |a − b| ≤ atol + rtol·|b| elementwise (default: by
-    /// output dtype, as --atol).
+    /// output dtype, as --atol). A dynamically quantized model (int8 projections) whose paths
+    /// differ beyond it is compared with its int8 steps pinned: the fused path runs again with
+    /// the unfused run's activation quantizations, taken by each projection whose input is
+    /// within this tolerance of the unfused one (else it diverges: exit 3), and those outputs
+    /// must be within it (README, "Exit codes"; `quantization pinned:` in the report).
     #[arg(long, value_name = "R")]
     pub rtol: Option<f64>,
     /// Fuse only blocks whose fused form is exact on every input (no caveats).
@@ -152,6 +157,20 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(crate::EXIT_DIFF))
 }
 
+/// What pinning the unfused run's activation quantizations did (`Comparison::pinned`).
+fn pins_line(p: &PinReport) -> String {
+    let mut line = format!(
+        "quantization pinned (a rounding difference flipped int8 steps): {} of {} quantized \
+         projection(s) took the unfused run's quantization, their inputs within {:.3e} of it \
+         ({} value(s) a step apart, {} range(s) moved)",
+        p.pinned, p.projections, p.input_max_abs, p.steps_flipped, p.ranges_moved
+    );
+    for why in &p.diverged {
+        line.push_str(&format!("\n  diverged: {why}"));
+    }
+    line
+}
+
 /// The tolerances the diffs used, e.g. `atol=0.0001 rtol=0.0001` or, for per-dtype defaults,
 /// `the float16 defaults (atol=0.002 rtol=0.002)`.
 fn tolerance_phrase(cmp: &Comparison) -> String {
@@ -208,12 +227,14 @@ fn json_report(
                 .diffs
                 .as_ref()
                 .and_then(|ds| ds.iter().find(|d| d.name == o.name));
+            let pinned = cmp.pinned.iter().flat_map(|p| &p.diffs);
             json!({
                 "name": o.name,
                 "shape": o.tensor.shape(),
                 "dtype": dtype_name(o.tensor.datum_type()),
                 "summary": summarize(&o.tensor),
                 "diff_vs_unfused": d,
+                "diff_vs_unfused_pinned": pinned.into_iter().find(|d| d.name == o.name),
             })
         })
         .collect();
@@ -253,6 +274,7 @@ fn json_report(
             ToleranceChoice::ByDtype => "dtype defaults",
         },
         "outputs": outputs,
+        "quantization_pins": cmp.pinned.as_ref().map(|p| &p.pins),
         "expect": cmp.expect,
         "output_file": args.output.as_ref().map(|p| p.display().to_string()),
         "notes": write_notes,
@@ -377,6 +399,13 @@ fn print_outputs(args: &RunArgs, cmp: &Comparison) {
         if let Some(d) = cmp.diffs.iter().flatten().find(|d| d.name == o.name) {
             println!("  fused vs unfused: {}", fmt_err(d));
         }
+        let pinned = cmp.pinned.iter().flat_map(|p| &p.diffs);
+        if let Some(d) = pinned.into_iter().find(|d| d.name == o.name) {
+            println!("  fused vs unfused, quantization pinned: {}", fmt_err(d));
+        }
+    }
+    if let Some(p) = &cmp.pinned {
+        println!("{}", pins_line(&p.pins));
     }
     let expect_file = args
         .expect

@@ -333,3 +333,82 @@ fn text_streams_and_stop_strings_end_rows() {
     let o = attnrt(&["generate", &m, "--stop", "x"]);
     assert_eq!(o.status.code(), Some(2), "--stop without --tokenizer");
 }
+
+#[test]
+fn an_encoder_decoder_pair_generates_from_decoder_start_ids() {
+    let (decoder, encoder) = (
+        model("whisper_optimum.decoder_merged.onnx"),
+        model("whisper_optimum.encoder.onnx"),
+    );
+    let features = model("whisper_optimum.encoder.case.inputs.npz");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            &decoder,
+            "--encoder",
+            &encoder,
+            "--decoder-start-ids",
+            "1,5,7",
+            "--json",
+            "--threads",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        attnrt(&args)
+    };
+    let v = json(&run(&[
+        "--encoder-inputs",
+        &features,
+        "--max-new-tokens",
+        "12",
+        "--check",
+    ]));
+    let r = &v["report"];
+    assert_eq!(r["check_ok"], true);
+    assert_eq!(v["fused_blocks"], 8);
+    assert_eq!(v["encoder"]["fused_blocks"], 2);
+    assert!(r["encoder_ms"].as_f64().is_some());
+    // PyTorch's greedy tokens for these features and start ids: row 0 of
+    // models/whisper_optimum.greedy.npz
+    let greedy = model("whisper_optimum.greedy.npz");
+    let saved = attnrt::harness::read_npz_tensors(Path::new(&greedy), u64::MAX).unwrap();
+    let want = &saved.iter().find(|t| t.name == "tokens").unwrap().tensor;
+    let want = want.to_plain_array_view::<i64>().unwrap();
+    let got: Vec<i64> = r["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_i64().unwrap())
+        .collect();
+    let row0: Vec<i64> = want.outer_iter().next().unwrap().iter().copied().collect();
+    assert_eq!(got, row0);
+    // the decoder with past, its first step made by the decoder without past: the same tokens
+    let with_past = model("whisper_optimum.decoder_with_past.onnx");
+    let first = model("whisper_optimum.decoder.onnx");
+    let v = json(&attnrt(&[
+        "generate",
+        &with_past,
+        "--first-step",
+        &first,
+        "--encoder",
+        &encoder,
+        "--encoder-inputs",
+        &features,
+        "--decoder-start-ids",
+        "1,5,7",
+        "--max-new-tokens",
+        "12",
+        "--json",
+        "--threads",
+        "1",
+    ]));
+    assert_eq!(v["report"]["tokens"], r["tokens"]);
+    assert_eq!(v["first_step"]["fused_blocks"], 4);
+    // past the decoder's 64 positions (its table is inside the merged decoder's branches)
+    let v = json(&run(&["--max-new-tokens", "80"]));
+    assert_eq!(v["report"]["stopped"], "context");
+    assert_eq!(tokens(&v), 61);
+    // the decoder without its encoder
+    let o = attnrt(&["generate", &decoder, "--decoder-start-ids", "1"]);
+    one_error_line(&o, "--encoder");
+}

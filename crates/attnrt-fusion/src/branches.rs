@@ -113,7 +113,11 @@ fn fuse_branch(
     };
     let fused = match crate::fuse(&alone, options) {
         Ok(f) if f.report.changed() => f,
-        Ok(_) => return Ok(None),
+        Ok(f) => {
+            // nothing fused: the branch's near misses still say why
+            merge_report(report, f.report, place);
+            return Ok(None);
+        }
         Err(e) => {
             report.notes.push(format!("{place}: not fused: {e:#}"));
             return Ok(None);

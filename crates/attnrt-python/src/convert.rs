@@ -1,9 +1,10 @@
 //! numpy arrays ↔ attnrt tensors, element type by element type (no reinterpretation: a feed
 //! of another type than the model declares is refused by the session, not cast).
 
-use attnrt::{f16, Datum, Tensor};
+use attnrt::{f16, Datum, NamedTensor, Tensor};
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use pyo3::IntoPyObjectExt;
 
 use crate::AttnrtError;
@@ -37,6 +38,19 @@ pub(crate) fn to_tensor(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Tensor
         "feed '{name}' has numpy dtype {}, which attnrt cannot feed",
         untyped.dtype()
     )))
+}
+
+/// Feeds by name (a dict of name → numpy array), each copied into a tensor.
+pub(crate) fn to_named_tensors(feeds: &Bound<'_, PyDict>) -> PyResult<Vec<NamedTensor>> {
+    let mut tensors = Vec::with_capacity(feeds.len());
+    for (k, v) in feeds.iter() {
+        let name: String = k
+            .extract()
+            .map_err(|_| AttnrtError::new_err("feed names must be strings"))?;
+        let tensor = to_tensor(&name, &v)?;
+        tensors.push(NamedTensor { name, tensor });
+    }
+    Ok(tensors)
 }
 
 /// An output tensor as a new numpy array of the same element type.

@@ -5,8 +5,9 @@
 //!   JSON (the `report` of `attnrt fuse --json`);
 //! - `session::Session`: a session on the fused (or original) model, serving every input
 //!   shape; `run` takes numpy arrays by name and releases the GIL while the model runs;
-//! - `generator::DecoderModel`, `generator::Generation`: a decoder with a KV cache and
-//!   generations on it, one step at a time (behind `attnrt.Model` and `attnrt.Generator`);
+//! - `generator::DecoderModel`, `generator::Generation`: a decoder with a KV cache (with its
+//!   encoder, for an encoder–decoder) and generations on it, one step at a time (behind
+//!   `attnrt.Model` and `attnrt.Generator`);
 //! - every error is an `attnrt.AttnrtError` carrying attnrt's one-line message (a panic inside
 //!   attnrt is caught by the runtime and reported the same way; none crosses into Python).
 

@@ -13,7 +13,7 @@ use pyo3::exceptions::PyUserWarning;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::convert::{to_numpy, to_tensor};
+use crate::convert::{to_named_tensors, to_numpy};
 use crate::signature::{signature, Arg};
 use crate::{load_model, py_err, AttnrtError};
 
@@ -66,14 +66,7 @@ impl Session {
     /// Runs the model on `feeds` (input name → numpy array); returns `(name, array)` for every
     /// output, in the graph's order.
     fn run(&self, py: Python<'_>, feeds: &Bound<'_, PyDict>) -> PyResult<Vec<(String, Py<PyAny>)>> {
-        let mut tensors = Vec::with_capacity(feeds.len());
-        for (k, v) in feeds.iter() {
-            let name: String = k
-                .extract()
-                .map_err(|_| AttnrtError::new_err("feed names must be strings"))?;
-            let tensor = to_tensor(&name, &v)?;
-            tensors.push(NamedTensor { name, tensor });
-        }
+        let tensors = to_named_tensors(feeds)?;
         check_feeds(&self.declared, &tensors).map_err(AttnrtError::new_err)?;
         for note in dim_name_notes(&self.declared, &tensors) {
             PyErr::warn(py, &py.get_type::<PyUserWarning>(), &CString::new(note)?, 1)?;

@@ -20,6 +20,12 @@
 //!
 //! The weight is packed once when the graph is built (its only copy; `attnrt_kernels::quant`
 //! describes the layout: i16, zero point subtracted).
+//!
+//! The same op runs ONNX Runtime's contrib op `MatMulIntegerToFloat` (`Y = (A − a_zero_point) ·
+//! (B − b_zero_point) · (a_scale · b_scale) + bias`, `A` already quantized, uint8 or int8, per
+//! tensor), which the rewrite `qdq-matmul` (`lower/qdq.rs`) writes for the projections of QDQ
+//! models: there the activations are quantized by the graph's own `QuantizeLinear` and the op
+//! takes them as they are ([`QuantInput::Quantized`]).
 
 use attnrt_kernels::act::Activation;
 use attnrt_kernels::quant::{quant_matmul, QuantOutput, QuantizedRows, QuantizedWeight};
@@ -89,16 +95,7 @@ impl Expansion for DynamicQuantizeMatMul {
         s.equals(&inputs[0].datum_type, f32::datum_type())?;
         s.equals(&outputs[0].datum_type, f32::datum_type())?;
         s.equals(&inputs[2].datum_type, f32::datum_type())?;
-        s.equals(&inputs[1].rank, 2)?;
-        s.equals(&outputs[0].rank, &inputs[0].rank)?;
-        s.given(&inputs[0].rank, move |s, rank| {
-            let last = usize::try_from(rank - 1)?;
-            for i in 0..last {
-                s.equals(&outputs[0].shape[i], &inputs[0].shape[i])?;
-            }
-            s.equals(&inputs[0].shape[last], &inputs[1].shape[0])?;
-            s.equals(&outputs[0].shape[last], &inputs[1].shape[1])
-        })
+        projection_rules(s, &inputs[0], &inputs[1], &outputs[0])
     }
 
     fn wire(
@@ -107,18 +104,7 @@ impl Expansion for DynamicQuantizeMatMul {
         model: &mut TypedModel,
         inputs: &[OutletId],
     ) -> TractResult<TVec<OutletId>> {
-        let konst = |at: Option<usize>, what: &str| -> TractResult<Option<Arc<Tensor>>> {
-            let Some(at) = at else { return Ok(None) };
-            let fact = model.outlet_fact(inputs[at])?;
-            match &fact.konst {
-                Some(t) => Ok(Some(t.clone())),
-                None => bail!(
-                    "{OP_TYPE} node '{}': {what} is not a constant (attnrt runs this op on \
-                     constant weights only)",
-                    self.node
-                ),
-            }
-        };
+        let konst = |at, what| constant_input(model, inputs, at, OP_TYPE, &self.node, what);
         let weight = konst(Some(1), "B")?.unwrap();
         let scale = konst(Some(2), "b_scale")?.unwrap();
         let zero_point = konst(self.b_zero_point, "b_zero_point")?;
@@ -134,12 +120,93 @@ impl Expansion for DynamicQuantizeMatMul {
     }
 }
 
-/// `y = act((x quantized) · W · (x_scale · w_scale) + bias)` for `x: [..., K]` f32 and a constant
-/// int8/uint8 `W: [K, N]` (see the module docs).
+/// The constant at input `at` of node `node` (an `op_type`) when `at` is given; an error naming
+/// `what` when it is not a constant.
+pub(crate) fn constant_input(
+    model: &TypedModel,
+    inputs: &[OutletId],
+    at: Option<usize>,
+    op_type: &str,
+    node: &str,
+    what: &str,
+) -> TractResult<Option<Arc<Tensor>>> {
+    let Some(at) = at else { return Ok(None) };
+    match &model.outlet_fact(inputs[at])?.konst {
+        Some(t) => Ok(Some(t.clone())),
+        None => bail!(
+            "{op_type} node '{node}': {what} is not a constant (attnrt runs this op on constant \
+             weights only)"
+        ),
+    }
+}
+
+/// The shapes of a projection of `a: [..., K]` by `b: [K, N]` into `y: [..., N]`.
+pub(crate) fn projection_rules<'r, 'p: 'r>(
+    s: &mut Solver<'r>,
+    a: &'p TensorProxy,
+    b: &'p TensorProxy,
+    y: &'p TensorProxy,
+) -> InferenceResult {
+    s.equals(&b.rank, 2)?;
+    s.equals(&y.rank, &a.rank)?;
+    s.given(&a.rank, move |s, rank| {
+        let last = usize::try_from(rank - 1)?;
+        for i in 0..last {
+            s.equals(&y.shape[i], &a.shape[i])?;
+        }
+        s.equals(&a.shape[last], &b.shape[0])?;
+        s.equals(&y.shape[last], &b.shape[1])
+    })
+}
+
+/// How the activations reach a [`QuantProjectionOp`].
+#[derive(Debug, Clone, Copy)]
+pub enum QuantInput {
+    /// float32, quantized by the op as `DynamicQuantizeLinear` defines it (`DynamicQuantizeMatMul`)
+    Dynamic,
+    /// already quantized with this scale and zero point, int8 (`signed`) or uint8
+    /// (`MatMulIntegerToFloat`)
+    Quantized {
+        /// the activations' scale
+        scale: f32,
+        /// their zero point, in their type's range
+        zero_point: i32,
+        /// int8 rather than uint8
+        signed: bool,
+    },
+}
+
+impl QuantInput {
+    /// The element type the op's input has.
+    fn datum_type(&self) -> DatumType {
+        match self {
+            QuantInput::Dynamic => DatumType::F32,
+            QuantInput::Quantized { signed: true, .. } => DatumType::I8,
+            QuantInput::Quantized { signed: false, .. } => DatumType::U8,
+        }
+    }
+
+    /// A total order's worth of identity: the scale by its bits.
+    fn key(&self) -> Option<(u32, i32, bool)> {
+        match *self {
+            QuantInput::Dynamic => None,
+            QuantInput::Quantized {
+                scale,
+                zero_point,
+                signed,
+            } => Some((scale.to_bits(), zero_point, signed)),
+        }
+    }
+}
+
+/// `y = act((x quantized) · W · (x_scale · w_scale) + bias)` for `x: [..., K]` (f32, or already
+/// quantized: [`QuantInput`]) and a constant int8/uint8 `W: [K, N]` (see the module docs).
 #[derive(Debug, Clone)]
 pub struct QuantProjectionOp {
     /// ONNX node name, for errors.
     pub node: String,
+    /// What the first input holds.
+    pub input: QuantInput,
     /// The weight minus its zero points, packed (the op's only copy of it).
     pub weight: Arc<QuantizedWeight>,
     /// The weight's scale per column, `[N]`.
@@ -158,6 +225,7 @@ impl PartialEq for QuantProjectionOp {
     fn eq(&self, other: &Self) -> bool {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         self.node == other.node
+            && self.input.key() == other.input.key()
             && self.weight == other.weight
             && bits(&self.w_scale) == bits(&other.w_scale)
             && self.bias.as_deref().map(|b| bits(b)) == other.bias.as_deref().map(|b| bits(b))
@@ -205,6 +273,7 @@ impl QuantProjectionOp {
         };
         Ok(QuantProjectionOp {
             node: node.to_string(),
+            input: QuantInput::Dynamic,
             weight: Arc::new(weight),
             w_scale: Arc::new(w_scale),
             bias,
@@ -309,16 +378,19 @@ impl EvalOp for QuantProjectionOp {
     fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
         let ctx = || format!("{OP_TYPE} node '{}'", self.node);
         let x = &inputs[0];
-        let k = self.weight.k();
-        if x.datum_type() != DatumType::F32 {
-            bail!("{}: A is {:?}, needs f32", ctx(), x.datum_type());
+        if x.datum_type() != self.input.datum_type() {
+            bail!(
+                "{}: A is {:?}, needs {:?}",
+                ctx(),
+                x.datum_type(),
+                self.input.datum_type()
+            );
         }
         let (m, out_shape) = rows_and_output(x.shape(), &self.weight).with_context(ctx)?;
-        let xs = f32_data(x).with_context(ctx)?;
+        let (rows, x_scale) = self.rows(x, m).with_context(ctx)?;
         let (kernel, threads) = (self.kernels.quant(), self.kernels.threads());
-        let rows = QuantizedRows::quantize_dynamic(kernel, threads, xs, m, k);
         // The graph's `Mul(x_scale, w_scale)`, one rounding per column.
-        let scale: Vec<f32> = self.w_scale.iter().map(|&s| rows.scale() * s).collect();
+        let scale: Vec<f32> = self.w_scale.iter().map(|&s| x_scale * s).collect();
         // Every element is written by `quant_matmul`.
         let mut y = unsafe { Tensor::uninitialized::<f32>(&out_shape)? };
         let out = QuantOutput::Float {
@@ -332,12 +404,44 @@ impl EvalOp for QuantProjectionOp {
     }
 }
 
+impl QuantProjectionOp {
+    /// The activations `x` (`m` rows) as the kernel takes them, and their scale.
+    fn rows(&self, x: &Tensor, m: usize) -> TractResult<(QuantizedRows, f32)> {
+        let k = self.weight.k();
+        Ok(match self.input {
+            QuantInput::Dynamic => {
+                let (kernel, threads) = (self.kernels.quant(), self.kernels.threads());
+                let xs = f32_data(x)?;
+                // A comparison may pin this quantization to another run's (`quant_pins.rs`).
+                let rows = crate::quant_pins::quantize(&self.node, xs, || {
+                    QuantizedRows::quantize_dynamic(kernel, threads, xs, m, k)
+                });
+                let scale = rows.scale();
+                (rows, scale)
+            }
+            QuantInput::Quantized {
+                scale,
+                zero_point,
+                signed,
+            } => {
+                let x = x.try_as_plain_ram()?;
+                let rows = if signed {
+                    QuantizedRows::from_i8(x.as_slice::<i8>()?, m, k, zero_point as i8)
+                } else {
+                    QuantizedRows::from_u8(x.as_slice::<u8>()?, m, k, zero_point as u8)
+                };
+                (rows, scale)
+            }
+        })
+    }
+}
+
 impl TypedOp for QuantProjectionOp {
     as_op!();
 
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
         let a = inputs[0];
-        if a.datum_type != DatumType::F32 {
+        if a.datum_type != self.input.datum_type() {
             bail!("{OP_TYPE} node '{}': A is {:?}", self.node, a.datum_type);
         }
         let shape = output_fact_shape(a, &self.weight)

@@ -14,7 +14,8 @@
 use crate::options::{SessionOptions, Switch};
 use crate::tract_parser::OnnxParser;
 use crate::{
-    attention, divide, gather, gelu, layer_norm, matmul_integer, projection, quant_projection,
+    attention, divide, gather, gelu, integer_to_float, layer_norm, matmul_integer, projection,
+    quant_projection, quantize_linear,
 };
 
 /// What an op counts as in [`OpCounts`].
@@ -58,11 +59,12 @@ pub(crate) static OPS: &[RuntimeOp] = &[
         counts_as: Counted::Projection,
         switch: Switch::AttnrtOps,
     },
-    // The projections of dynamically quantized models: the rewrite `dynamic-quantize-matmul`
-    // (`lower/quant.rs`) writes the op type, which tract has no parser for.
+    // The projections of quantized models: the rewrites `dynamic-quantize-matmul`
+    // (`lower/quant.rs`) and `qdq-matmul` (`lower/qdq.rs`) write the op types, which tract has
+    // no parser for.
     RuntimeOp {
         name: quant_projection::OP_NAME,
-        parsers: &[&quant_projection::PARSER],
+        parsers: &[&quant_projection::PARSER, &integer_to_float::PARSER],
         counts_as: Counted::Quantized,
         switch: Switch::AttnrtOps,
     },
@@ -109,6 +111,14 @@ pub(crate) static OPS: &[RuntimeOp] = &[
     RuntimeOp {
         name: divide::OP_NAME,
         parsers: &[&divide::DIV, &divide::MOD],
+        counts_as: Counted::Other,
+        switch: Switch::Always,
+    },
+    // `QuantizeLinear` with its input clamped where tract's integer add would overflow: tract's
+    // op and two of its element-wise ones in the plan, in every session.
+    RuntimeOp {
+        name: quantize_linear::OP_NAME,
+        parsers: &[&quantize_linear::PARSER],
         counts_as: Counted::Other,
         switch: Switch::Always,
     },
@@ -261,7 +271,8 @@ mod tests {
                     );
                     // tract has a parser of its own for each (kept, or left in place), except
                     // for the op types only attnrt's rewrites write.
-                    let new_op_type = p.op_type == quant_projection::OP_TYPE;
+                    let new_op_type =
+                        [quant_projection::OP_TYPE, integer_to_float::OP_TYPE].contains(&p.op_type);
                     assert!(
                         new_op_type || tract.op_register.0.contains_key(p.op_type),
                         "{}",

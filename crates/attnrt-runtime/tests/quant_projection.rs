@@ -354,3 +354,177 @@ fn a_matmul_integer_by_a_constant_weight_runs_on_the_integer_kernel_exactly() {
         assert_eq!(count(&tract_ops, "AttnrtMatMulInteger"), 0, "{tract_ops:?}");
     }
 }
+
+/// How one projection of [`qdq_model`] is written (QDQ form: `DequantizeLinear` on both sides
+/// of a float `MatMul`).
+#[derive(Clone, Copy, Debug)]
+struct QdqForm {
+    /// The weight's type and its scale/zero point layout, as in [`Form`].
+    weight: Form,
+    /// The `DequantizeLinear`'s axis for the weight (1: per column; 0: per row).
+    axis: i64,
+}
+
+const QDQ: QdqForm = QdqForm {
+    weight: FORM,
+    axis: 1,
+};
+
+/// `x: [2, 7, k]` quantized once (`QuantizeLinear` to int8 when `signed`, else uint8, and back
+/// with `DequantizeLinear`), then `y_i = DequantizeLinear(x_q) · DequantizeLinear(W_i) [+ b_i]`
+/// for each form; with `also_read`, the dequantized `x` also feeds an `Add` output (`z`), as an
+/// attention's `MatMul` would read it.
+fn qdq_model(forms: &[QdqForm], signed: bool, also_read: bool, k: i64, n: i64) -> ModelProto {
+    let mut g = GraphBuilder::new("qdq");
+    g.input(value_info("x", DataType::Float, &[2, 7, k]));
+    g.initializer(tensor_f32("xs", &[], &[0.021]));
+    g.initializer(tensor_q("xz", &[], !signed, 5));
+    g.node(node("q", "QuantizeLinear", &["x", "xs", "xz"], &["xq"]));
+    g.node(node("dq", "DequantizeLinear", &["xq", "xs", "xz"], &["xd"]));
+    if also_read {
+        g.node(node("other", "Add", &["xd", "x"], &["z"]));
+        g.output(value_info("z", DataType::Float, &[2, 7, k]));
+    }
+    for (i, f) in forms.iter().enumerate() {
+        let name = |s: &str| format!("{s}{i}");
+        let w = g.initializer(tensor_q(
+            &name("w"),
+            &[k, n],
+            f.weight.unsigned,
+            10 + i as u32,
+        ));
+        let per_column = f.weight.scale_per_column;
+        let scales: Vec<f32> = values(n as usize, 20 + i as u32)
+            .iter()
+            .map(|v| 0.01 + 0.002 * v)
+            .collect();
+        let (dims, count): (&[i64], usize) = if per_column {
+            (&[n], n as usize)
+        } else {
+            (&[], 1)
+        };
+        g.initializer(tensor_f32(&name("ws"), dims, &scales[..count]));
+        let mut dq_inputs = vec![w, name("ws")];
+        if let Some(per_column) = f.weight.zero_point {
+            let dims: &[i64] = if per_column { &[n] } else { &[] };
+            let z = tensor_q(&name("wz"), dims, f.weight.unsigned, 30 + i as u32);
+            dq_inputs.push(g.initializer(z));
+        }
+        let dq_inputs: Vec<&str> = dq_inputs.iter().map(String::as_str).collect();
+        let axis = attnrt_onnx::attr::make_int("axis", f.axis);
+        g.node(node_with_attrs(
+            &name("wdq"),
+            "DequantizeLinear",
+            &dq_inputs,
+            &[&name("wd")],
+            vec![axis],
+        ));
+        let mut y = g.node(node(
+            &name("mm"),
+            "MatMul",
+            &["xd", &name("wd")],
+            &[&name("p")],
+        ));
+        if f.weight.bias {
+            g.initializer(tensor_f32(
+                &name("b"),
+                &[n],
+                &values(n as usize, 40 + i as u32),
+            ));
+            y = g.node(node(&name("add"), "Add", &[&y, &name("b")], &[&name("pb")]));
+        }
+        g.node(node(&name("id"), "Identity", &[&y], &[&name("y")]));
+        g.output(value_info(&name("y"), DataType::Float, &[2, 7, n]));
+    }
+    g.into_model(20)
+}
+
+/// Runs `m` with attnrt's ops and with tract's; the attnrt run's op names and the largest
+/// difference relative to `1 + |tract's value|`.
+fn compare_model(m: &ModelProto, k: usize, scale: f32) -> (Vec<String>, f32) {
+    let inputs = x(k, scale);
+    let (a, ops) = run::<f32>(m, &inputs, true);
+    let (t, _) = run::<f32>(m, &inputs, false);
+    let mut worst = 0f32;
+    for (a, t) in a.iter().zip(&t) {
+        assert_eq!(a.len(), t.len());
+        assert!(t.iter().any(|&v| v != 0.0));
+        for (x, y) in a.iter().zip(t) {
+            worst = worst.max((x - y).abs() / (1.0 + y.abs()));
+        }
+    }
+    (ops, worst)
+}
+
+/// The graph dequantizes both sides and sums `k` rounded float32 products; attnrt sums the
+/// integers exactly and scales once. With |x·w| products up to ~3 and k = 64, a float32 sum is
+/// off by at most k·2⁻²⁴ relative per term: 1e-5 of (1 + |y|) bounds it with room.
+const QDQ_TOLERANCE: f32 = 1e-5;
+
+#[test]
+fn every_qdq_projection_form_runs_as_one_integer_op_within_float_rounding() {
+    let variants = [
+        QDQ,
+        QdqForm {
+            weight: Form {
+                unsigned: true,
+                ..FORM
+            },
+            ..QDQ
+        },
+        QdqForm {
+            weight: Form {
+                scale_per_column: false,
+                zero_point: Some(false),
+                ..FORM
+            },
+            ..QDQ
+        },
+        QdqForm {
+            weight: Form {
+                zero_point: None,
+                bias: false,
+                ..FORM
+            },
+            ..QDQ
+        },
+        QdqForm { axis: -1, ..QDQ },
+    ];
+    for (k, n) in [(33, 19), (64, 48)] {
+        for signed in [false, true] {
+            for v in variants {
+                let m = qdq_model(&[v], signed, false, k, n);
+                let (ops, worst) = compare_model(&m, k as usize, 3.0);
+                assert_eq!(count(&ops, "AttnrtQuantProjection"), 1, "{v:?}: {ops:?}");
+                assert!(
+                    worst <= QDQ_TOLERANCE,
+                    "{v:?} signed {signed} k{k} n{n}: {worst}"
+                );
+            }
+            let m = qdq_model(&variants, signed, false, k, n);
+            let (ops, worst) = compare_model(&m, k as usize, 0.5);
+            assert_eq!(
+                count(&ops, "AttnrtQuantProjection"),
+                variants.len(),
+                "{ops:?}"
+            );
+            assert!(worst <= QDQ_TOLERANCE, "all forms: {worst}");
+            // The activations' dequantization went with the chains; their quantization stays.
+            assert!(!ops.iter().any(|o| o.contains("Dequantize")), "{ops:?}");
+        }
+    }
+}
+
+#[test]
+fn a_dequantized_input_read_elsewhere_stays_and_per_row_weight_scales_stay_on_tract() {
+    // x_d read by another node: the projection still becomes one op, the Add keeps its input.
+    let m = qdq_model(&[QDQ], false, true, 24, 16);
+    let (ops, worst) = compare_model(&m, 24, 2.0);
+    assert_eq!(count(&ops, "AttnrtQuantProjection"), 1, "{ops:?}");
+    assert!(worst <= QDQ_TOLERANCE, "{worst}");
+    // Scales per row of W (axis 0, k = n so the shapes fit): not the op's per-column form.
+    let m = qdq_model(&[QdqForm { axis: 0, ..QDQ }], false, false, 16, 16);
+    let (ops, worst) = compare_model(&m, 16, 2.0);
+    assert_eq!(count(&ops, "AttnrtQuantProjection"), 0, "{ops:?}");
+    assert_eq!(worst, 0.0);
+}

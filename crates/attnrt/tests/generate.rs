@@ -60,6 +60,7 @@ fn fused_decoders_generate_the_unfused_tokens_with_two_plans() {
             check: Some(tol),
             sampling: SamplingOptions::default(),
             max_length: None,
+            encoder_inputs: Vec::new(),
         };
         let mut seen = 0;
         let report = generator.generate(&options, |_| seen += 1).unwrap();
@@ -92,6 +93,7 @@ fn eos_stops_generation_and_keeps_the_token() {
         check: None,
         sampling: SamplingOptions::default(),
         max_length: None,
+        encoder_inputs: Vec::new(),
     };
     let free = g.generate(&options, |_| {}).unwrap();
     assert_eq!(free.stopped, StopReason::MaxNewTokens);
@@ -120,7 +122,8 @@ fn the_context_is_the_position_table_of_gpt2_and_unknown_for_llama() {
             "{file}: {found:?}"
         );
         if let Some(c) = found {
-            assert!(c.table.unwrap().ends_with("wpe.weight"), "{file}");
+            // a quantized file's table is `..wpe.weight_quantized` (int8, dequantized after)
+            assert!(c.table.unwrap().contains("wpe.weight"), "{file}");
         }
     }
 }
@@ -139,6 +142,7 @@ fn generation_stops_at_the_context_or_keeps_its_tokens_when_a_step_fails() {
         check: None,
         max_length: Some(7),
         sampling: SamplingOptions::default(),
+        encoder_inputs: Vec::new(),
     };
     let r = g.generate(&options, |_| {}).unwrap();
     assert_eq!(
@@ -198,6 +202,7 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
                 seed,
                 ..SamplingOptions::default()
             },
+            encoder_inputs: Vec::new(),
         };
         let report = g.generate(&options, |_| {}).unwrap();
         assert_eq!(report.check_ok, Some(true), "{file}: {:#?}", report.steps);
@@ -218,6 +223,7 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
             repetition_penalty: 1.1,
             ..SamplingOptions::default()
         },
+        encoder_inputs: Vec::new(),
     };
     let want = g.generate(&greedy, |_| {}).unwrap().tokens;
     let top1 = GenerationOptions {
@@ -305,6 +311,7 @@ fn greedy(prompts: Vec<Vec<i64>>, max_new_tokens: usize) -> GenerationOptions {
         check: None,
         max_length: None,
         sampling: SamplingOptions::default(),
+        encoder_inputs: Vec::new(),
     }
 }
 
@@ -331,7 +338,13 @@ fn a_padded_batch_gives_each_row_the_tokens_of_its_prompt_alone() {
         let report = g.generate(&batch, |_| {}).unwrap();
         assert_eq!(report.check_ok, Some(true), "{file}: {:#?}", report.steps);
         assert_eq!(report.rows.len(), 3, "{file}");
+        // A dynamically quantized decoder quantizes each activation tensor with one scale for the
+        // whole batch, so a row's numbers depend on the other rows: not the prompt alone's.
+        let per_tensor_quantized = file.contains(".qint8");
         for (row, prompt) in report.rows.iter().zip(&prompts) {
+            if per_tensor_quantized {
+                break;
+            }
             let alone = g
                 .generate(&greedy(vec![prompt.clone()], 5), |_| {})
                 .unwrap();

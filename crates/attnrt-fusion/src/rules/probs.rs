@@ -136,11 +136,22 @@ pub fn match_probs(view: &GraphView, sm: usize) -> Result<Probs, Mismatch> {
         .ok_or_else(|| Mismatch::new(&sm_label, Check::Context, "a Softmax output", "no output"))?;
     softmax_last_axis(view, smn)?;
     let ctx = find_context(view, sm_out).ok_or_else(|| {
+        let quantized = view
+            .consumers(sm_out)
+            .iter()
+            .any(|&c| view.node(c).op_type == "QuantizeLinear");
+        let found = if quantized {
+            "the probabilities are quantized (QuantizeLinear, as a QDQ model's fake \
+             quantization) before the MatMul with V: the fused kernel keeps them in float32, so \
+             its result would not be the graph's"
+        } else {
+            "the Softmax output does not reach a MatMul with V (as its first input)"
+        };
         Mismatch::new(
             &sm_label,
             Check::Context,
             "a MatMul with V reading the probabilities as its first input",
-            "the Softmax output does not reach a MatMul with V (as its first input)",
+            found,
         )
     })?;
     let ctx_label = node_label(view.node(ctx));

@@ -1,5 +1,6 @@
 //! The AVX2 build: the range and quantization of `DynamicQuantizeLinear` over 8 floats at a
-//! time, and the integer micro-kernel (`MR` rows × `NR` columns, `vpmaddwd` into i32).
+//! time, and the integer micro-kernels (`MR` rows × `NR` columns, and one row × `NR` columns
+//! for a decode step; `vpmaddwd` into i32, on i8 or i16 weights).
 //! Each function gives the portable one's result exactly (the tests compare them).
 
 #[cfg(target_arch = "x86_64")]
@@ -67,8 +68,26 @@ pub(super) unsafe fn quantize(x: &[f32], scale: f32, zero_point: u8, out: &mut [
     super::portable::quantize(&x[whole..n], scale, zero_point, &mut out[whole..n]);
 }
 
+/// Loads `NR` values at value offset `at` of a panel of i8 (`NARROW`, widened by `vpmovsxbw`)
+/// or of i16, as `NR` i16 lanes.
+///
+/// # Safety
+/// The CPU must have AVX2; `panel + at` must hold `NR` values of the panel's type.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn load<const NARROW: bool>(panel: *const u8, at: usize) -> __m256i {
+    // SAFETY: as the caller vouches.
+    unsafe {
+        if NARROW {
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(panel.add(at).cast()))
+        } else {
+            _mm256_loadu_si256(panel.add(2 * at).cast())
+        }
+    }
+}
+
 /// `acc[r][j] = Σ_p a[r·stride + p] · panel[p][j]` (wrapping i32) for `MR` rows of widened
-/// activations and one packed panel of `k_pairs` row pairs.
+/// activations and one packed i16 panel of `k_pairs` row pairs.
 ///
 /// # Safety
 /// The CPU must have AVX2; `a` must hold `MR` rows of `2·k_pairs` values `stride` apart, and
@@ -98,12 +117,57 @@ pub(super) unsafe fn tile(
     let mut out = [[0i32; NR]; MR];
     for (o, acc) in out.iter_mut().zip(&acc) {
         // SAFETY: each row of `out` holds 16 i32.
-        unsafe {
-            _mm256_storeu_si256(o.as_mut_ptr().cast(), acc[0]);
-            _mm256_storeu_si256(o.as_mut_ptr().add(8).cast(), acc[1]);
-        }
+        unsafe { store(o, acc[0], acc[1]) };
     }
     out
+}
+
+/// [`tile`] for one row of activations (a decode step): `acc[j] = Σ_p a[p] · panel[p][j]`. The
+/// pairs alternate between two sets of accumulators, so that an add need not wait for the one
+/// before; the wrapping i32 sums are the same in any order.
+///
+/// # Safety
+/// The CPU must have AVX2; `a` must hold `2·k_pairs` values and `panel` `k_pairs·NR·2` values
+/// of its type.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn row<const NARROW: bool>(
+    a: *const i16,
+    panel: *const u8,
+    k_pairs: usize,
+) -> [i32; NR] {
+    let mut acc = [[_mm256_setzero_si256(); 2]; 2];
+    for p in 0..k_pairs {
+        // SAFETY: within the panel and the row, as the caller vouches.
+        unsafe {
+            let pair = _mm256_set1_epi32(a.add(2 * p).cast::<i32>().read_unaligned());
+            let acc = &mut acc[p % 2];
+            let w0 = load::<NARROW>(panel, p * 2 * NR);
+            let w1 = load::<NARROW>(panel, p * 2 * NR + NR);
+            acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(pair, w0));
+            acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(pair, w1));
+        }
+    }
+    let mut out = [0i32; NR];
+    let lo = _mm256_add_epi32(acc[0][0], acc[1][0]);
+    let hi = _mm256_add_epi32(acc[0][1], acc[1][1]);
+    // SAFETY: `out` holds 16 i32.
+    unsafe { store(&mut out, lo, hi) };
+    out
+}
+
+/// Stores two vectors of 8 i32 into `out`.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn store(out: &mut [i32; NR], lo: __m256i, hi: __m256i) {
+    // SAFETY: `out` holds 16 i32.
+    unsafe {
+        _mm256_storeu_si256(out.as_mut_ptr().cast(), lo);
+        _mm256_storeu_si256(out.as_mut_ptr().add(8).cast(), hi);
+    }
 }
 
 /// Never called: the AVX2 build is chosen only on x86_64.
@@ -121,5 +185,11 @@ pub(super) unsafe fn quantize(_: &[f32], _: f32, _: u8, _: &mut [i16]) {
 /// Never called: the AVX2 build is chosen only on x86_64.
 #[cfg(not(target_arch = "x86_64"))]
 pub(super) unsafe fn tile(_: *const i16, _: usize, _: *const i16, _: usize) -> [[i32; NR]; MR] {
+    unreachable!("the AVX2 build runs on x86_64 only")
+}
+
+/// Never called: the AVX2 build is chosen only on x86_64.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn row<const NARROW: bool>(_: *const i16, _: *const u8, _: usize) -> [i32; NR] {
     unreachable!("the AVX2 build runs on x86_64 only")
 }

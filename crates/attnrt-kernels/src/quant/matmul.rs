@@ -4,6 +4,7 @@
 
 use rayon::prelude::*;
 
+use super::weight::Panel;
 use super::{avx2, Build, QuantKernel, QuantizedRows, QuantizedWeight, MR, NR};
 use crate::act::{apply_rows_raw, ActKernel, Activation};
 use crate::threads::ThreadPolicy;
@@ -84,9 +85,20 @@ pub fn quant_matmul(
     let task = |t: usize| {
         let (r0, c0) = ((t / chunks) * ROWS, (t % chunks) * PANELS);
         let rows = ROWS.min(m - r0);
+        // A narrow panel is widened once per task for the multi-row tiles, which reuse each
+        // loaded value for MR rows; a lone row reads it narrow (its cost is the bytes).
+        let mut widened = Vec::new();
         for c in c0..(c0 + PANELS).min(w.panels()) {
+            let panel = match w.panel(c) {
+                Panel::Narrow(p) if rows > 1 => {
+                    widened.clear();
+                    widened.extend(p.iter().map(|&v| i16::from(v)));
+                    Panel::Wide(&widened)
+                }
+                panel => panel,
+            };
             for r in (r0..r0 + rows).step_by(MR) {
-                let acc = tile(kernel, a, r, w, c);
+                let acc = tile(kernel, a, r, panel, w.k_pairs());
                 // SAFETY: rows r.., columns c·NR.. of the output belong to this task alone.
                 unsafe { store(sink, &acc, r, MR.min(m - r), c * NR, NR.min(n - c * NR), n) };
             }
@@ -107,31 +119,45 @@ pub fn quant_matmul(
     }
 }
 
-/// The `MR × NR` sums of rows `r..r + MR` of `a` by panel `c` of `w`, on `kernel`'s build.
+/// The `MR × NR` sums of rows `r..r + MR` of `a` by `panel` (`k_pairs` row pairs), on
+/// `kernel`'s build. A last row alone (a decode step's one token) runs on the one-row kernel,
+/// which reads either width (the other rows of the tile are left 0: they are padding); the
+/// multi-row AVX2 tile reads i16 (the caller widens narrow panels for it).
 fn tile(
     kernel: &QuantKernel,
     a: &QuantizedRows,
     r: usize,
-    w: &QuantizedWeight,
-    c: usize,
+    panel: Panel,
+    k_pairs: usize,
 ) -> [[i32; NR]; MR] {
-    let (stride, k_pairs) = (a.stride(), w.k_pairs());
+    let stride = a.stride();
     let rows = &a.data()[r * stride..(r + MR) * stride];
-    let panel = w.panel(c);
-    debug_assert_eq!(panel.len(), k_pairs * NR * 2);
-    match kernel.build {
-        // SAFETY: the AVX2 build is chosen only on CPUs with AVX2; `rows` holds MR rows of
-        // `stride = 2·k_pairs` values and `panel` k_pairs·NR·2 (the slices above).
-        Build::Avx2 => unsafe { avx2::tile(rows.as_ptr(), stride, panel.as_ptr(), k_pairs) },
-        Build::Portable => portable_tile(rows, stride, panel, k_pairs),
+    let (live, ap) = (a.m() - r, rows.as_ptr());
+    let one_row = |sums: [i32; NR]| {
+        let mut t = [[0; NR]; MR];
+        t[0] = sums;
+        t
+    };
+    // SAFETY (each AVX2 call): the AVX2 build is chosen only on CPUs with AVX2; `rows` holds
+    // MR rows of `stride = 2·k_pairs` values and the panel k_pairs·NR·2 values of its type.
+    match (kernel.build, panel) {
+        (Build::Avx2, Panel::Narrow(p)) if live == 1 => {
+            one_row(unsafe { avx2::row::<true>(ap, p.as_ptr().cast(), k_pairs) })
+        }
+        (Build::Avx2, Panel::Wide(p)) if live == 1 => {
+            one_row(unsafe { avx2::row::<false>(ap, p.as_ptr().cast(), k_pairs) })
+        }
+        (Build::Avx2, Panel::Wide(p)) => unsafe { avx2::tile(ap, stride, p.as_ptr(), k_pairs) },
+        (_, Panel::Narrow(p)) => portable_tile(rows, stride, p, k_pairs),
+        (_, Panel::Wide(p)) => portable_tile(rows, stride, p, k_pairs),
     }
 }
 
 /// [`avx2::tile`] in plain Rust: the same pair sums (each exact in i32), the same wrapping adds.
-pub(super) fn portable_tile(
+pub(super) fn portable_tile<T: Copy + Into<i32>>(
     a: &[i16],
     stride: usize,
-    panel: &[i16],
+    panel: &[T],
     k_pairs: usize,
 ) -> [[i32; NR]; MR] {
     let mut acc = [[0i32; NR]; MR];
@@ -141,7 +167,7 @@ pub(super) fn portable_tile(
             let a0 = i32::from(a[r * stride + 2 * p]);
             let a1 = i32::from(a[r * stride + 2 * p + 1]);
             for (j, acc) in acc.iter_mut().enumerate() {
-                let pair = a0 * i32::from(w[2 * j]) + a1 * i32::from(w[2 * j + 1]);
+                let pair = a0 * w[2 * j].into() + a1 * w[2 * j + 1].into();
                 *acc = acc.wrapping_add(pair);
             }
         }

@@ -149,4 +149,17 @@ impl QuantizedRows {
     pub fn centered(&self, i: usize, p: usize) -> i32 {
         i32::from(self.data[i * self.stride() + p])
     }
+
+    /// How many of the `m·k` values stand for a different number of quantization steps than
+    /// in `other` (their centered values differ: a code flipped, or the zero point moved); all
+    /// `m·k` when the two are not of one shape.
+    pub fn steps_differing(&self, other: &QuantizedRows) -> usize {
+        if (self.m, self.k) != (other.m, other.k) {
+            return self.m * self.k;
+        }
+        (0..self.m)
+            .flat_map(|i| (0..self.k).map(move |p| (i, p)))
+            .filter(|&(i, p)| self.centered(i, p) != other.centered(i, p))
+            .count()
+    }
 }

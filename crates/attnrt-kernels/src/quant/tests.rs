@@ -50,34 +50,67 @@ fn dql_reference(x: &[f32]) -> (Vec<u8>, f32, u8) {
     (q, scale, zp)
 }
 
-fn matmul_case() -> impl Strategy<Value = (usize, usize, usize, Vec<u8>, u8, Vec<i8>, Vec<i8>)> {
-    (1usize..23, 0usize..70, 1usize..41, any::<bool>()).prop_flat_map(|(m, k, n, per_col)| {
-        (
-            Just(m),
-            Just(k),
-            Just(n),
-            proptest::collection::vec(any::<u8>(), m * k),
-            any::<u8>(),
-            proptest::collection::vec(any::<i8>(), k * n),
-            proptest::collection::vec(any::<i8>(), if per_col { n } else { 1 }),
-        )
-    })
+type MatmulCase = (usize, usize, usize, Vec<u8>, u8, Vec<i8>, Vec<i8>);
+
+/// Random products of up to `m_max − 1` rows and `k_max − 1` reduced values; zero points per
+/// column or per tensor, or (`symmetric`) 0, which packs the weight as i8.
+fn matmul_case(m_max: usize, k_max: usize, symmetric: bool) -> impl Strategy<Value = MatmulCase> {
+    (1usize..m_max, 0usize..k_max, 1usize..41, any::<bool>()).prop_flat_map(
+        move |(m, k, n, per_col)| {
+            let zero_points = if symmetric {
+                Just(vec![0i8]).boxed()
+            } else {
+                proptest::collection::vec(any::<i8>(), if per_col { n } else { 1 }).boxed()
+            };
+            (
+                Just(m),
+                Just(k),
+                Just(n),
+                proptest::collection::vec(any::<u8>(), m * k),
+                any::<u8>(),
+                proptest::collection::vec(any::<i8>(), k * n),
+                zero_points,
+            )
+        },
+    )
+}
+
+/// Every build's i32 sums of `case` equal the i64 reference.
+fn exact_on_every_build((m, k, n, a, za, w, zw): MatmulCase) -> Result<(), TestCaseError> {
+    let want = reference(&a, za, &w, &zw, m, k, n);
+    let rows = QuantizedRows::from_u8(&a, m, k, za);
+    let packed = QuantizedWeight::from_i8(&w, k, n, &zw);
+    if zw.iter().all(|&z| z == 0) {
+        prop_assert!(packed.is_narrow());
+    }
+    for kernel in kernels() {
+        let mut y = vec![i32::MIN; m * n];
+        quant_matmul(
+            &kernel,
+            &ThreadPolicy::default(),
+            &rows,
+            &packed,
+            QuantOutput::Int(&mut y),
+        );
+        let got: Vec<i64> = y.iter().map(|&v| i64::from(v)).collect();
+        prop_assert_eq!(&got, &want, "{}", kernel);
+    }
+    Ok(())
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
     #[test]
-    fn the_integer_sums_are_exact_on_every_build((m, k, n, a, za, w, zw) in matmul_case()) {
-        let want = reference(&a, za, &w, &zw, m, k, n);
-        let rows = QuantizedRows::from_u8(&a, m, k, za);
-        let packed = QuantizedWeight::from_i8(&w, k, n, &zw);
-        for kernel in kernels() {
-            let mut y = vec![i32::MIN; m * n];
-            quant_matmul(&kernel, &ThreadPolicy::default(), &rows, &packed, QuantOutput::Int(&mut y));
-            let got: Vec<i64> = y.iter().map(|&v| i64::from(v)).collect();
-            prop_assert_eq!(&got, &want, "{}", kernel);
-        }
+    fn the_integer_sums_are_exact_on_every_build(case in matmul_case(23, 70, false)) {
+        exact_on_every_build(case)?;
+    }
+
+    /// Symmetric int8 weights (zero points 0) are packed as i8, and a lone last row (every
+    /// decode step) runs on the one-row kernel: the same exact sums on every build.
+    #[test]
+    fn narrow_weights_and_single_rows_give_the_exact_sums(case in matmul_case(7, 300, true)) {
+        exact_on_every_build(case)?;
     }
 
     #[test]
@@ -197,4 +230,32 @@ fn the_float_epilogue_rounds_as_cast_mul_add_and_threads_change_nothing() {
             }
         }
     }
+}
+
+/// `steps_differing` counts the values whose distance from the zero point changed: a flipped
+/// code, or a moved zero point; a shape mismatch counts every value.
+#[test]
+fn steps_differing_counts_flipped_codes_and_moved_zero_points() {
+    let a = QuantizedRows::from_u8(&[10, 20, 30, 40], 2, 2, 10);
+    assert_eq!(a.steps_differing(&a), 0);
+    let flipped = QuantizedRows::from_u8(&[10, 21, 30, 40], 2, 2, 10);
+    assert_eq!(a.steps_differing(&flipped), 1);
+    let moved = QuantizedRows::from_u8(&[10, 20, 30, 40], 2, 2, 11);
+    assert_eq!(a.steps_differing(&moved), 4);
+    let other_shape = QuantizedRows::from_u8(&[10, 20, 30, 40], 1, 4, 10);
+    assert_eq!(a.steps_differing(&other_shape), 4);
+}
+
+/// Values that do not fit i8 once their zero point is subtracted keep the i16 packing, at two
+/// bytes a value.
+#[test]
+fn weights_past_i8_after_their_zero_point_stay_wide() {
+    let narrow = QuantizedWeight::from_i8(&[-128, 127, 5, 6], 2, 2, &[0]);
+    assert!(narrow.is_narrow());
+    assert_eq!(narrow.bytes(), NR * 2);
+    let wide = QuantizedWeight::from_i8(&[-128, 127, 5, 6], 2, 2, &[1]);
+    assert!(!wide.is_narrow());
+    assert_eq!(wide.bytes(), NR * 2 * 2);
+    assert!(!QuantizedWeight::from_u8(&[200, 1, 2, 3], 2, 2, &[0]).is_narrow());
+    assert!(QuantizedWeight::from_u8(&[200, 1, 2, 3], 2, 2, &[128]).is_narrow());
 }

@@ -1,6 +1,12 @@
-//! The weight of an integer projection, packed once: each value minus its zero point, as i16,
-//! in panels of [`NR`] columns whose rows are interleaved in pairs (`w[2p][j], w[2p+1][j]` side
-//! by side), the layout `vpmaddwd` multiplies against a broadcast pair of activations.
+//! The weight of an integer projection, packed once: each value minus its zero point, in panels
+//! of [`NR`] columns whose rows are interleaved in pairs (`w[2p][j], w[2p+1][j]` side by side),
+//! the layout `vpmaddwd` multiplies against a broadcast pair of activations (widened to i16 as
+//! they are loaded).
+//!
+//! The values are kept as i8 when every one fits (int8 weights with zero points 0, what
+//! `quantize_dynamic`'s symmetric `QInt8` writes), else as i16 (a difference of two int8 or
+//! uint8 values lies in [−255, 255]). A decode step multiplies one row of activations by the
+//! whole weight, so its time is the weight's bytes streamed from memory: i8 halves them.
 
 use super::NR;
 
@@ -11,7 +17,23 @@ pub struct QuantizedWeight {
     k: usize,
     n: usize,
     /// `panels × k_pairs × NR × 2` values; past `k` and past `n`, zeros.
-    data: Vec<i16>,
+    data: Values,
+}
+
+/// The packed values, narrow when they all fit i8 (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Values {
+    Narrow(Vec<i8>),
+    Wide(Vec<i16>),
+}
+
+/// One panel's values (`k_pairs × NR × 2`), as packed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Panel<'a> {
+    /// Every value fits i8.
+    Narrow(&'a [i8]),
+    /// Some value needs i16.
+    Wide(&'a [i16]),
 }
 
 impl QuantizedWeight {
@@ -59,6 +81,11 @@ impl QuantizedWeight {
                 data[at] = value(p, j, if per_column { j } else { 0 });
             }
         }
+        let data = if data.iter().all(|&v| i8::try_from(v).is_ok()) {
+            Values::Narrow(data.iter().map(|&v| v as i8).collect())
+        } else {
+            Values::Wide(data)
+        };
         QuantizedWeight { k, n, data }
     }
 
@@ -78,9 +105,18 @@ impl QuantizedWeight {
     }
 
     /// Panel `c` (columns `c·NR..`): `k_pairs × NR × 2` values.
-    pub(crate) fn panel(&self, c: usize) -> &[i16] {
+    pub(crate) fn panel(&self, c: usize) -> Panel<'_> {
         let len = self.k_pairs() * NR * 2;
-        &self.data[c * len..(c + 1) * len]
+        let at = c * len..(c + 1) * len;
+        match &self.data {
+            Values::Narrow(v) => Panel::Narrow(&v[at]),
+            Values::Wide(v) => Panel::Wide(&v[at]),
+        }
+    }
+
+    /// Whether the values are packed as i8 (see the module docs).
+    pub fn is_narrow(&self) -> bool {
+        matches!(self.data, Values::Narrow(_))
     }
 
     /// Number of panels, `⌈n / NR⌉`.
@@ -90,6 +126,9 @@ impl QuantizedWeight {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.data.len() * 2
+        match &self.data {
+            Values::Narrow(v) => v.len(),
+            Values::Wide(v) => v.len() * 2,
+        }
     }
 }

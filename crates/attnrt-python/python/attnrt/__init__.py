@@ -13,6 +13,9 @@ Shaped like onnxruntime, so swapping ``onnxruntime.InferenceSession`` for
 
     model = attnrt.Model("decoder.onnx")                  # generation, like onnxruntime-genai
     tokens = attnrt.generate(model, [5, 9, 2], max_new_tokens=16)   # see attnrt.generation
+    pair = attnrt.Model("decoder_model_merged.onnx", encoder="encoder_model.onnx")
+    tokens = attnrt.generate(pair, [1, 5, 7], max_new_tokens=16,      # decoder start ids
+                             encoder_inputs={"input_features": features})
 
 Errors are raised as :class:`AttnrtError` with attnrt's one-line message (the file, node or
 tensor named). A session serves any input shape it is given, and may be used from several

@@ -11,7 +11,19 @@
         print(generator.get_next_tokens())                # one token per row (None: finished)
     print(generator.get_sequence(0))                      # prompt + generated tokens
 
-or in one call: ``attnrt.generate(model, [5, 9, 2], max_new_tokens=16)``. The search options
+or in one call: ``attnrt.generate(model, [5, 9, 2], max_new_tokens=16)``.
+
+An encoder–decoder pair (optimum's Whisper, BART, T5 exports) takes its encoder, and its
+encoder's inputs by name (one row per prompt); the prompts are then the decoder's start ids::
+
+    model = attnrt.Model("decoder_model_merged.onnx", encoder="encoder_model.onnx")
+    tokens = attnrt.generate(model, [50258, 50259, 50359], max_new_tokens=32,
+                             encoder_inputs={"input_features": features})
+
+(or ``params.set_encoder_inputs({...})`` before making the ``Generator``). The encoder runs
+once, in ``append_tokens``. A decoder with past only (optimum's ``decoder_with_past_model.onnx``)
+takes the decoder that makes its first step too: ``attnrt.Model(with_past, encoder=...,
+first_step="decoder_model.onnx")``. The search options
 follow transformers' logits processors (repetition penalty, temperature, top-k, top-p, min-p,
 in that order); the same ``random_seed`` gives the same tokens on any thread count. Prompts of
 different lengths run as one batch, padded on the left; each row's greedy tokens are those of
@@ -22,7 +34,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ._attnrt import AttnrtError, DecoderModel as _DecoderModel, Generation as _Generation
 
@@ -44,21 +56,30 @@ SEARCH_OPTIONS = (
 )
 
 
+def _source(model: Optional[ModelSource]) -> Union[str, bytes, None]:
+    return model if model is None or isinstance(model, bytes) else os.fspath(model)
+
+
 class Model:
     """A decoder with a KV cache, fused unless ``fuse=False``; ``threads`` and ``max_memory``
-    as for :class:`attnrt.InferenceSession`."""
+    as for :class:`attnrt.InferenceSession`. For an encoder–decoder pair, ``encoder`` is the
+    encoder (fused too), and ``first_step`` the decoder that makes the first step when
+    ``model`` is a decoder with past only."""
 
     def __init__(
         self,
         model: ModelSource,
         *,
+        encoder: Optional[ModelSource] = None,
+        first_step: Optional[ModelSource] = None,
         fuse: bool = True,
         threads: Optional[int] = None,
         max_memory: Union[int, str, None] = None,
     ):
-        source = model if isinstance(model, bytes) else os.fspath(model)
         budget = None if max_memory is None else str(max_memory)
-        self._core = _DecoderModel(source, fuse, threads, budget)
+        self._core = _DecoderModel(
+            _source(model), fuse, threads, budget, _source(encoder), _source(first_step)
+        )
 
     @property
     def context_length(self) -> Optional[int]:
@@ -69,8 +90,10 @@ class Model:
     def vocab_size(self) -> Optional[int]:
         return self._core.vocab_size()
 
-    def fusion_report(self) -> Optional[Dict[str, Any]]:
-        report = self._core.fusion_report()
+    def fusion_report(self, part: str = "decoder") -> Optional[Dict[str, Any]]:
+        """The fusion report of ``part``: ``"decoder"``, ``"encoder"`` or ``"first_step"``
+        (``None`` with ``fuse=False`` or without that part)."""
+        report = self._core.fusion_report(part)
         return json.loads(report) if report else None
 
 
@@ -80,6 +103,7 @@ class GeneratorParams:
     def __init__(self, model: Model):
         self.model = model
         self.search_options: Dict[str, Any] = {}
+        self.encoder_inputs: Optional[Dict[str, Any]] = None
 
     def set_search_options(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(SEARCH_OPTIONS))
@@ -88,6 +112,11 @@ class GeneratorParams:
                 f"unknown search option(s) {', '.join(unknown)} (attnrt takes: {', '.join(SEARCH_OPTIONS)})"
             )
         self.search_options.update(options)
+
+    def set_encoder_inputs(self, inputs: Mapping[str, Any]) -> None:
+        """An encoder–decoder's encoder inputs: input name → numpy array, one row per prompt
+        (a dict, or ``np.load`` of an ``.npz``)."""
+        self.encoder_inputs = dict(inputs)
 
 
 def _rows(tokens: Any) -> Tuple[List[List[int]], bool]:
@@ -109,6 +138,13 @@ class Generator:
     def __init__(self, model: Model, params: GeneratorParams):
         options = dict(params.search_options)
         self._core = _Generation(model._core, **options)
+        if params.encoder_inputs is not None:
+            self.set_encoder_inputs(params.encoder_inputs)
+
+    def set_encoder_inputs(self, inputs: Mapping[str, Any]) -> None:
+        """As :meth:`GeneratorParams.set_encoder_inputs`, before ``append_tokens``
+        (onnxruntime-genai's ``set_inputs``)."""
+        self._core.set_encoder_inputs(dict(inputs))
 
     def append_tokens(self, tokens: Any) -> None:
         self._core.append_tokens(_rows(tokens)[0])
@@ -138,11 +174,21 @@ class Generator:
             yield self.get_next_tokens()
 
 
-def generate(model: Model, prompt: Any, **search_options: Any) -> Union[List[int], List[List[int]]]:
+def generate(
+    model: Model,
+    prompt: Any,
+    *,
+    encoder_inputs: Optional[Mapping[str, Any]] = None,
+    **search_options: Any,
+) -> Union[List[int], List[List[int]]]:
     """The tokens generated for ``prompt`` (one list of ids: a list back; a batch: one list per
-    row), with ``search_options`` as for :meth:`GeneratorParams.set_search_options`."""
+    row), with ``search_options`` as for :meth:`GeneratorParams.set_search_options`; an
+    encoder–decoder's ``encoder_inputs`` as for :meth:`GeneratorParams.set_encoder_inputs`
+    (``prompt`` is then the decoder's start ids)."""
     params = GeneratorParams(model)
     params.set_search_options(**search_options)
+    if encoder_inputs is not None:
+        params.set_encoder_inputs(encoder_inputs)
     generator = Generator(model, params)
     rows, single = _rows(prompt)
     generator.append_tokens(rows)

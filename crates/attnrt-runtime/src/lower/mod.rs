@@ -21,6 +21,7 @@ mod half;
 mod identity;
 mod pad;
 mod pow;
+mod qdq;
 mod quant;
 mod shapes;
 mod types;
@@ -78,6 +79,11 @@ pub(crate) static PASSES: &[Pass] = &[
         name: "dynamic-quantize-matmul",
         switch: Switch::AttnrtOps,
         run: quant::dynamic_quantize_matmul,
+    },
+    Pass {
+        name: "qdq-matmul",
+        switch: Switch::AttnrtOps,
+        run: qdq::qdq_matmul,
     },
     Pass {
         name: "half-as-float",

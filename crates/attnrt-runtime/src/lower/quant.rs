@@ -29,29 +29,29 @@ use tract_onnx::pb::{GraphProto, NodeProto};
 use crate::quant_projection::OP_TYPE;
 
 /// ONNX's element types the chain needs (`TensorProto.DataType`).
-const FLOAT: i32 = 1;
-const UINT8: i32 = 2;
-const INT8: i32 = 3;
+pub(super) const FLOAT: i32 = 1;
+pub(super) const UINT8: i32 = 2;
+pub(super) const INT8: i32 = 3;
 
 /// The graph's wiring: who produces and who reads each tensor.
-struct Wiring<'a> {
-    producer: HashMap<&'a str, usize>,
-    readers: HashMap<&'a str, Vec<usize>>,
-    outputs: HashSet<&'a str>,
-    constants: HashMap<&'a str, Constant>,
+pub(super) struct Wiring<'a> {
+    pub(super) producer: HashMap<&'a str, usize>,
+    pub(super) readers: HashMap<&'a str, Vec<usize>>,
+    pub(super) outputs: HashSet<&'a str>,
+    pub(super) constants: HashMap<&'a str, Constant>,
 }
 
 /// What the chain needs to know of a constant: its element type and dims.
-struct Constant {
-    data_type: i32,
-    dims: Vec<i64>,
+pub(super) struct Constant {
+    pub(super) data_type: i32,
+    pub(super) dims: Vec<i64>,
 }
 
 impl<'a> Wiring<'a> {
     /// The wiring of `g`; its constants are its initializers and the large initializers of
     /// `model` that tract's graph declares as inputs (held apart: `weights.rs`), but never a
     /// graph input of the model itself.
-    fn new(g: &'a GraphProto, model: &'a ModelProto) -> Wiring<'a> {
+    pub(super) fn new(g: &'a GraphProto, model: &'a ModelProto) -> Wiring<'a> {
         let mut w = Wiring {
             producer: HashMap::new(),
             readers: HashMap::new(),
@@ -94,7 +94,7 @@ impl<'a> Wiring<'a> {
     }
 
     /// The one node reading `tensor`, when exactly one does and it is not a graph output.
-    fn only_reader(&self, tensor: &str) -> Option<usize> {
+    pub(super) fn only_reader(&self, tensor: &str) -> Option<usize> {
         match self.readers.get(tensor).map(Vec::as_slice) {
             Some(&[r]) if !self.outputs.contains(tensor) => Some(r),
             _ => None,
@@ -102,7 +102,7 @@ impl<'a> Wiring<'a> {
     }
 
     /// The constant `tensor` when its type is `elem_type` and its shape `[]`, `[1]` or `[n]`.
-    fn per_column(&self, tensor: &str, elem_type: i32, n: i64) -> Option<&Constant> {
+    pub(super) fn per_column(&self, tensor: &str, elem_type: i32, n: i64) -> Option<&Constant> {
         let t = self.constants.get(tensor)?;
         let shape_ok = matches!(t.dims.as_slice(), [] | [1]) || t.dims == [n];
         (t.data_type == elem_type && shape_ok).then_some(t)
@@ -110,27 +110,51 @@ impl<'a> Wiring<'a> {
 }
 
 /// One chain to replace.
-struct Chain {
+pub(super) struct Chain {
     /// Nodes that go (by index); the new node takes the place of the last.
-    removed: Vec<usize>,
-    /// The `DynamicQuantizeLinear` reading `x`.
-    quantize: usize,
-    node: NodeProto,
+    pub(super) removed: Vec<usize>,
+    /// The node quantizing `x` (here the `DynamicQuantizeLinear`), which goes when no node that
+    /// stays reads it.
+    pub(super) shared: usize,
+    /// The node put in the chain's place.
+    pub(super) node: NodeProto,
 }
 
 /// The node of `g` at `at` when it is a default-domain `op_type`.
-fn op<'g>(g: &'g GraphProto, at: usize, op_type: &str) -> Option<&'g NodeProto> {
+pub(super) fn op<'g>(g: &'g GraphProto, at: usize, op_type: &str) -> Option<&'g NodeProto> {
     let n = &g.node[at];
     (n.op_type == op_type && opset::is_default_domain(&n.domain)).then_some(n)
 }
 
 /// The other input of the binary node `n`, besides `tensor`.
-fn other_input<'n>(n: &'n NodeProto, tensor: &str) -> Option<&'n str> {
+pub(super) fn other_input<'n>(n: &'n NodeProto, tensor: &str) -> Option<&'n str> {
     match n.input.as_slice() {
         [a, b] if a == tensor && b != tensor => Some(b),
         [a, b] if b == tensor && a != tensor => Some(a),
         _ => None,
     }
+}
+
+/// A bias `Add` after a product.
+pub(super) struct Biased {
+    /// the bias, a float32 `[N]` constant
+    pub(super) bias: String,
+    /// the sum
+    pub(super) y: String,
+    /// the `Add`
+    pub(super) add: usize,
+}
+
+/// The `Add` of a float32 `[n]` constant that alone reads `product`, when there is one.
+pub(super) fn bias_after(g: &GraphProto, w: &Wiring, product: &str, n: i64) -> Option<Biased> {
+    let add = w.only_reader(product)?;
+    let bias = other_input(op(g, add, "Add")?, product)?;
+    let t = w.constants.get(bias)?;
+    (t.data_type == FLOAT && t.dims == [n]).then(|| Biased {
+        bias: bias.to_string(),
+        y: g.node[add].output.first().cloned().unwrap_or_default(),
+        add,
+    })
 }
 
 /// The chain (see the module docs) whose `MatMulInteger` is node `at`.
@@ -176,21 +200,13 @@ fn chain(g: &GraphProto, w: &Wiring, at: usize) -> Option<Chain> {
     if w.only_reader(scales) == Some(mul_at) {
         removed.push(scales_at);
     }
-    let mut y = mul.output.first()?.clone();
-    let mut bias = String::new();
-    if let Some(add_at) = w.only_reader(&y) {
-        let add = op(g, add_at, "Add");
-        let b = add.and_then(|add| other_input(add, &y));
-        if let Some(b) = b.filter(|b| {
-            w.constants
-                .get(b)
-                .is_some_and(|t| t.data_type == FLOAT && t.dims == [n])
-        }) {
-            bias = b.to_string();
-            y = g.node[add_at].output.first()?.clone();
-            removed.push(add_at);
+    let (bias, y) = match bias_after(g, w, mul.output.first()?, n) {
+        Some(Biased { bias, y, add }) => {
+            removed.push(add);
+            (bias, y)
         }
-    }
+        None => (String::new(), mul.output.first()?.clone()),
+    };
     let node = NodeProto {
         name: mmi.name.clone(),
         op_type: OP_TYPE.into(),
@@ -207,22 +223,33 @@ fn chain(g: &GraphProto, w: &Wiring, at: usize) -> Option<Chain> {
     };
     Some(Chain {
         removed,
-        quantize,
+        shared: quantize,
         node,
     })
 }
 
 /// The pass: every chain of `g` (tract's copy of `model`'s graph) becomes one node.
 pub(super) fn dynamic_quantize_matmul(model: &ModelProto, g: &mut GraphProto) {
+    rewrite_chains(model, g, "MatMulInteger", chain);
+}
+
+/// Replaces every chain `find` sees at a node of `g` (by index; only graphs with an
+/// `anchor` node and no subgraph are looked at: a body may read any outer name).
+pub(super) fn rewrite_chains(
+    model: &ModelProto,
+    g: &mut GraphProto,
+    anchor: &str,
+    find: fn(&GraphProto, &Wiring, usize) -> Option<Chain>,
+) {
     let has_subgraph = g.node.iter().any(|n| {
         n.attribute
             .iter()
             .any(|a| a.g.is_some() || !a.graphs.is_empty())
     });
-    if has_subgraph || !g.node.iter().any(|n| n.op_type == "MatMulInteger") {
+    if has_subgraph || !g.node.iter().any(|n| n.op_type == anchor) {
         return;
     }
-    let (removed, mut placed) = plan(g, model);
+    let (removed, mut placed) = plan(g, model, find);
     if placed.is_empty() {
         return;
     }
@@ -237,24 +264,26 @@ pub(super) fn dynamic_quantize_matmul(model: &ModelProto, g: &mut GraphProto) {
 }
 
 /// Which nodes of `g` go, and the new node put in place of each chain's last one.
-fn plan(g: &GraphProto, model: &ModelProto) -> (Vec<bool>, HashMap<usize, NodeProto>) {
+fn plan(
+    g: &GraphProto,
+    model: &ModelProto,
+    find: fn(&GraphProto, &Wiring, usize) -> Option<Chain>,
+) -> (Vec<bool>, HashMap<usize, NodeProto>) {
     let w = Wiring::new(g, model);
-    let chains: Vec<Chain> = (0..g.node.len())
-        .filter_map(|at| chain(g, &w, at))
-        .collect();
+    let chains: Vec<Chain> = (0..g.node.len()).filter_map(|at| find(g, &w, at)).collect();
     let mut removed = vec![false; g.node.len()];
     let mut placed = HashMap::new();
-    let mut quantizers = HashSet::new();
+    let mut shared = HashSet::new();
     for c in chains {
         for &r in &c.removed {
             removed[r] = true;
         }
         let last = *c.removed.iter().max().expect("a chain removes nodes");
         placed.insert(last, c.node);
-        quantizers.insert(c.quantize);
+        shared.insert(c.shared);
     }
     // A quantization goes when no node that stays reads it (the new nodes read `x`).
-    for q in quantizers {
+    for q in shared {
         let still_read = g.node[q].output.iter().any(|o| {
             w.outputs.contains(o.as_str())
                 || w.readers

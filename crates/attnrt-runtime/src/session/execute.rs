@@ -117,14 +117,18 @@ impl Session {
         profile: bool,
     ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
         let mut times: Vec<(usize, std::time::Duration)> = Vec::new();
+        // The caller's quantization pins go along to the thread that evaluates the plan.
+        let pins = crate::quant_pins::current();
         let outputs = self.threads.install(|| {
-            guarded(&self.what, || {
-                plan.run(values, |node, took| {
-                    if profile {
-                        times.push((node.id, took));
-                    }
+            crate::quant_pins::scoped(pins, || {
+                guarded(&self.what, || {
+                    plan.run(values, |node, took| {
+                        if profile {
+                            times.push((node.id, took));
+                        }
+                    })
+                    .with_context(|| format!("{}: run failed", self.what))
                 })
-                .with_context(|| format!("{}: run failed", self.what))
             })
         })?;
         // An output is uniquely owned once the run state is gone, so `into_tensor` moves it.

@@ -35,8 +35,9 @@ impl std::fmt::Display for ContextLimit {
     }
 }
 
-/// Ops whose output holds their first input's index values (reshaped, cast, broadcast).
-const KEEP_VALUES: [&str; 7] = [
+/// Ops whose output holds their first input's index values (reshaped, cast, broadcast,
+/// repeated).
+const KEEP_VALUES: [&str; 8] = [
     "Cast",
     "Identity",
     "Reshape",
@@ -44,6 +45,7 @@ const KEEP_VALUES: [&str; 7] = [
     "Squeeze",
     "Flatten",
     "Expand",
+    "Tile",
 ];
 
 /// The smallest position table of `model`: a `Gather` along axis 0 from a 2-D constant

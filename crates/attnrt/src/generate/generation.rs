@@ -26,6 +26,8 @@ pub struct Generation {
     /// The decode steps' plan, being made while the prompt runs (joined before the first
     /// decode step).
     pub(super) decode_plan: Option<std::thread::JoinHandle<()>>,
+    /// An encoder–decoder's encoder run, in milliseconds.
+    pub(super) encoder_ms: Option<f64>,
 }
 
 impl Generation {

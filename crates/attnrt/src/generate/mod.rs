@@ -10,11 +10,19 @@
 //! cache; a step whose token differs, or whose logits differ beyond the tolerance, fails the
 //! check.
 //!
+//! An encoder–decoder (optimum's Whisper: the encoder, and the merged decoder with both caches)
+//! generates the same way once its encoder has run ([`Generator::with_encoder`]): the encoder
+//! runs once, on [`GenerationOptions::encoder_inputs`]; its states feed every decoder step, the
+//! first step's cross-attention keys and values are fed back unchanged on every later one
+//! (`encoder.rs`), and the self-attention cache grows as a decoder-only model's does.
+//!
 //! Generation stops at the model's context ([`context`]): the prompt and the generated tokens
 //! together fill at most its positions, as Hugging Face's `max_length` counts them. A step that
 //! fails keeps the tokens made before it ([`GenerationFailed`]).
 
+mod check;
 pub mod context;
+mod encoder;
 mod generation;
 pub mod sampling;
 mod signature;
@@ -29,7 +37,9 @@ use attnrt_runtime::{NamedTensor, PlanStats, Session, SessionOptions, ShapePolic
 use serde::Serialize;
 
 use crate::harness::{OutputDiff, Tolerance};
+use encoder::{CrossInputs, Encoder};
 
+pub use check::PinnedStep;
 pub use context::ContextLimit;
 pub use generation::Generation;
 use generation::{choose, Rows};
@@ -54,6 +64,10 @@ pub struct GenerationOptions {
     pub max_length: Option<usize>,
     /// Greedy or sampled, and the logits processors.
     pub sampling: SamplingOptions,
+    /// An encoder–decoder's encoder inputs (e.g. Whisper's `input_features`), one row per
+    /// prompt: the encoder runs once on them, before the first step. Empty for a decoder-only
+    /// model.
+    pub encoder_inputs: Vec<NamedTensor>,
 }
 
 /// Why a generation ended.
@@ -81,8 +95,12 @@ pub struct StepCheck {
     pub reference_tokens: Vec<Option<i64>>,
     /// The logits comparison (fused vs reference).
     pub logits: OutputDiff,
-    /// Same tokens in every row, and logits within tolerance.
+    /// Same tokens in every row, and logits within tolerance (those of [`StepCheck::pinned`]
+    /// when it ran).
     pub ok: bool,
+    /// A dynamically quantized decoder whose step disagreed: the fused step again with the
+    /// reference's activation quantizations pinned (`check.rs`).
+    pub pinned: Option<PinnedStep>,
 }
 
 /// One step: the tokens it produced and how long it took.
@@ -136,8 +154,12 @@ pub struct GenerationReport {
     pub decode_tokens_per_s: Option<f64>,
     /// Median decode-step time (ms), over the steps that made no plan.
     pub median_step_ms: Option<f64>,
-    /// How the session's plans were made (a step that needed a new plan shows here).
+    /// How the session's plans were made (a step that needed a new plan shows here); with a
+    /// first-step decoder ([`Generator::with_first_step`]), its session's plans too.
     pub plans: PlanStats,
+    /// An encoder–decoder's encoder run, in milliseconds (the reference encoder's included with
+    /// a check); not part of `time_to_first_token_ms`.
+    pub encoder_ms: Option<f64>,
     /// With a check: whether every step agreed.
     pub check_ok: Option<bool>,
     /// Why it ended (`Eos`: every row made it).
@@ -181,6 +203,28 @@ pub struct Generator {
     context: Option<ContextLimit>,
     session: Arc<Session>,
     reference: Option<Session>,
+    /// An encoder–decoder's encoder.
+    encoder: Option<Encoder>,
+    /// The sessions (ours, the reference's) of the model that makes the first step, when the
+    /// decoder cannot ([`Generator::with_first_step`]).
+    first_step: Option<(Session, Option<Session>)>,
+    /// The decoder's name in errors.
+    what: String,
+}
+
+/// A session for `model` and one for `reference` (the graph to check against) when given.
+fn sessions(
+    model: &ModelProto,
+    reference: Option<&ModelProto>,
+    threads: &Threads,
+    what: &str,
+    options: &SessionOptions,
+) -> Result<(Session, Option<Session>)> {
+    let session = Session::new(model, threads, what, options)?;
+    let reference = reference
+        .map(|r| Session::new(r, threads, &format!("reference {what}"), options))
+        .transpose()?;
+    Ok((session, reference))
 }
 
 impl Generator {
@@ -207,21 +251,62 @@ impl Generator {
     ) -> Result<Generator> {
         let signature = DecoderSignature::detect(model, what)?;
         let positions = signature.position_ids.as_ref().map(|(n, _)| n.as_str());
-        let context = context::position_table(model, positions);
+        let context = context::position_table(model, positions).or_else(|| {
+            // a merged decoder's table is inside its branches: the later steps' one
+            let branch = signature.cache_branch.as_deref()?;
+            let later = attnrt_onnx::branch::choose_branch(model, branch, true).ok()?;
+            context::position_table(&later, positions)
+        });
         let options = SessionOptions {
             shapes: ShapePolicy::DynamicDims(signature.dynamic_dims()),
             ..options.clone()
         };
-        let session = Session::new(model, threads, what, &options)?;
-        let reference = reference
-            .map(|r| Session::new(r, threads, &format!("reference {what}"), &options))
-            .transpose()?;
+        let (session, reference) = sessions(model, reference, threads, what, &options)?;
         Ok(Generator {
             signature,
             context,
             session: Arc::new(session),
             reference,
+            encoder: None,
+            first_step: None,
+            what: what.to_string(),
         })
+    }
+
+    /// This decoder (with past: optimum's `decoder_with_past_model.onnx`, which takes the
+    /// cross-attention keys and values but cannot compute them) with `model` making the first
+    /// step (optimum's `decoder_model.onnx`: the encoder's states in, every present out);
+    /// `reference` is its graph to check against. The encoder's inputs are read off `model`, so
+    /// give the encoder after it. `what` names `model` in errors.
+    pub fn with_first_step(
+        mut self,
+        model: &ModelProto,
+        reference: Option<&ModelProto>,
+        threads: &Threads,
+        what: &str,
+        options: &SessionOptions,
+    ) -> Result<Generator> {
+        self.signature.adopt_first_step(model, what, &self.what)?;
+        self.first_step = Some(sessions(model, reference, threads, what, options)?);
+        Ok(self)
+    }
+
+    /// This decoder with its encoder (`model`, and `reference` to check against when given):
+    /// the decoder must take the encoder's states, which one of the encoder's outputs must
+    /// give (see [`GenerationOptions::encoder_inputs`]). `what` names the encoder in errors.
+    pub fn with_encoder(
+        mut self,
+        model: &ModelProto,
+        reference: Option<&ModelProto>,
+        threads: &Threads,
+        what: &str,
+        options: &SessionOptions,
+    ) -> Result<Generator> {
+        let decoder = (&self.signature, self.what.as_str());
+        self.encoder = Some(Encoder::new(
+            model, reference, threads, what, options, decoder,
+        )?);
+        Ok(self)
     }
 
     /// The decoder's signature.
@@ -263,8 +348,16 @@ impl Generator {
         let samplers = (0..options.prompts.len())
             .map(|row| Sampler::for_row(options.sampling.clone(), row))
             .collect::<Result<Vec<_>>>()?;
-        let ours = StepInputs::prefill(&self.signature, &options.prompts)?;
-        let theirs = self.reference.as_ref().map(|_| ours.clone());
+        let (cross, reference_cross, encoder_ms) = match self.encode(options)? {
+            Some((ours, theirs, ms)) => (Some(ours), Some(theirs), Some(ms)),
+            None => (None, None, None),
+        };
+        let ours = StepInputs::prefill(&self.signature, &options.prompts, cross)?;
+        let theirs = self
+            .reference
+            .as_ref()
+            .map(|_| StepInputs::prefill(&self.signature, &options.prompts, reference_cross))
+            .transpose()?;
         let stopped = (options.max_new_tokens == 0).then_some(StopReason::MaxNewTokens);
         Ok(Generation {
             rows: Rows::new(&options.prompts),
@@ -277,7 +370,47 @@ impl Generator {
             stopped,
             error: None,
             decode_plan: None,
+            encoder_ms,
         })
+    }
+
+    /// Runs the encoder of an encoder–decoder on `options.encoder_inputs`: the cross inputs of
+    /// the generator's session and of the reference's (the fused encoder's states when no
+    /// reference encoder is given), and the encoder's time. Nothing for a decoder-only model.
+    fn encode(
+        &self,
+        options: &GenerationOptions,
+    ) -> Result<Option<(CrossInputs, CrossInputs, f64)>> {
+        let Some(encoder) = &self.encoder else {
+            if let Some((name, _)) = &self.signature.encoder_states {
+                bail!(
+                    "{}: takes the encoder's states ('{name}'): generate with its encoder \
+                     (`attnrt generate --encoder`)",
+                    self.what
+                );
+            }
+            if let Some(slot) = self.signature.cross_cache.first() {
+                bail!(
+                    "{}: takes the cross-attention keys and values ('{}', ...) but not the \
+                     encoder's states, so no step of it can compute them: give the decoder that \
+                     makes the first step (optimum's decoder_model.onnx, `--first-step`) and the \
+                     encoder, or use the merged decoder (decoder_model_merged.onnx)",
+                    self.what,
+                    slot.past
+                );
+            }
+            if !options.encoder_inputs.is_empty() {
+                bail!("{}: encoder inputs given, but no encoder", self.what);
+            }
+            return Ok(None);
+        };
+        let rows = options.prompts.len();
+        let encoded = encoder.encode(&options.encoder_inputs, rows, &self.signature)?;
+        let slots = &self.signature.cross_cache;
+        let reference_states = encoded.reference.unwrap_or_else(|| encoded.states.clone());
+        let reference = CrossInputs::new(reference_states, encoded.mask.clone(), slots)?;
+        let ours = CrossInputs::new(encoded.states, encoded.mask, slots)?;
+        Ok(Some((ours, reference, encoded.ms)))
     }
 
     /// Runs the next step of `g` (the prefill first): `None` once it has ended (it may end
@@ -346,34 +479,30 @@ impl Generator {
             // a failed preparation leaves the step to plan (and report) for itself
             let _ = pending.join();
         }
-        let planned_before = self.session.plan_stats().build_ms;
+        let (session, reference) = match (&self.first_step, g.steps.is_empty()) {
+            (Some((first, reference)), true) => (first, reference.as_ref()),
+            _ => (&*self.session, self.reference.as_ref()),
+        };
+        let planned_before = self.planning_ms();
         let started = Instant::now();
-        let outputs = self.session.run_owned(g.ours.take_tensors()?)?;
+        let outputs = session.run_owned(g.ours.take_tensors()?)?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
-        let planning_ms = self.session.plan_stats().build_ms - planned_before;
+        let planning_ms = self.planning_ms() - planned_before;
         let logits = g.ours.take_outputs(&self.signature, outputs)?;
         let seen = g.rows.seen(&g.options.prompts);
         // The reference draws with the same state of the streams, so both see the same `u`.
-        let mut twins = g.samplers.clone();
+        let twins = g.samplers.clone();
         let tokens = choose(&mut g.samplers, &seen, &last_logits(&logits)?)?;
-        let check = match (g.theirs.as_mut(), &self.reference) {
+        let check = match (g.theirs.as_mut(), reference) {
             (Some(t), Some(reference)) => {
-                let outputs = reference.run_owned(t.take_tensors()?)?;
-                let reference_logits = t.take_outputs(&self.signature, outputs)?;
-                let reference_tokens = choose(&mut twins, &seen, &last_logits(&reference_logits)?)?;
+                let ours = check::Ours {
+                    logits: &logits,
+                    tokens: &tokens,
+                    seen: &seen,
+                    samplers: twins,
+                };
                 let tol = g.options.check.unwrap_or_default();
-                let diff = crate::harness::diff_tensor(
-                    &self.signature.logits,
-                    &logits,
-                    &reference_logits,
-                    tol,
-                );
-                Some(StepCheck {
-                    reference_token: reference_tokens[0].unwrap_or(-1),
-                    ok: diff.ok && reference_tokens == tokens,
-                    reference_tokens,
-                    logits: diff,
-                })
+                Some(self.check_step(t, reference, ours, tol)?)
             }
             _ => None,
         };
@@ -387,6 +516,25 @@ impl Generator {
             planning_ms,
             check,
         })
+    }
+
+    /// The time the sessions (the decoder's, and the first step's) spent making plans, in ms.
+    fn planning_ms(&self) -> f64 {
+        self.plan_stats().build_ms
+    }
+
+    /// The plans of the decoder's session and of the first step's.
+    fn plan_stats(&self) -> PlanStats {
+        let mut stats = self.session.plan_stats();
+        if let Some((first, _)) = &self.first_step {
+            let f = first.plan_stats();
+            stats.built += f.built;
+            stats.build_ms += f.build_ms;
+            stats.cached += f.cached;
+            stats.symbolic_cached += f.symbolic_cached;
+            stats.refusals.extend(f.refusals);
+        }
+        stats
     }
 
     /// Makes the decode steps' plan on its own thread, while the prompt runs: the first decode
@@ -419,7 +567,8 @@ impl Generator {
             time_to_first_token_ms: steps.first().map_or(0.0, |s| s.ms),
             decode_tokens_per_s: (decode_ms > 0.0).then(|| decode.len() as f64 / decode_ms * 1e3),
             median_step_ms: (!decode.is_empty()).then(|| decode[decode.len() / 2]),
-            plans: self.session.plan_stats(),
+            plans: self.plan_stats(),
+            encoder_ms: g.encoder_ms,
             check_ok: self
                 .reference
                 .as_ref()

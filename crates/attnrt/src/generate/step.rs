@@ -2,9 +2,10 @@
 //! The cache tensors move from one step's outputs into the next step's inputs: no copy.
 
 use anyhow::{bail, Context, Result};
-use attnrt_onnx::DataType;
-use attnrt_runtime::{DatumType, NamedTensor, Tensor};
+use attnrt_runtime::{NamedTensor, Tensor};
 
+use super::encoder::CrossInputs;
+use super::signature::datum;
 use super::DecoderSignature;
 
 /// The state of a generation between steps: the tokens to feed (one row per prompt, the same
@@ -26,24 +27,12 @@ pub struct StepInputs {
     positions: Option<(String, i32)>,
     input_ids: String,
     cache_branch: Option<String>,
+    /// An encoder–decoder's encoder states and cross-attention cache.
+    cross: Option<CrossInputs>,
 }
 
 /// The token a pad position holds (masked out, so any id in the vocabulary does).
 const PAD: i64 = 0;
-
-fn datum(elem_type: i32) -> Result<DatumType> {
-    Ok(match DataType::try_from(elem_type) {
-        Ok(DataType::Int64) => DatumType::I64,
-        Ok(DataType::Int32) => DatumType::I32,
-        Ok(DataType::Float) => DatumType::F32,
-        Ok(DataType::Float16) => DatumType::F16,
-        Ok(DataType::Bool) => DatumType::Bool,
-        _ => bail!(
-            "element type {} is not supported by `attnrt generate`",
-            attnrt_onnx::tensor::type_name(elem_type)
-        ),
-    })
-}
 
 /// A `[rows, len]` tensor of `elem_type` holding the rows (all of one length).
 fn rows(values: &[Vec<i64>], elem_type: i32) -> Result<Tensor> {
@@ -54,8 +43,13 @@ fn rows(values: &[Vec<i64>], elem_type: i32) -> Result<Tensor> {
 
 impl StepInputs {
     /// The prefill: every prompt (one row each, padded on the left to the longest), an empty
-    /// past. Prompts of different lengths need the model's attention mask and position ids.
-    pub fn prefill(sig: &DecoderSignature, prompts: &[Vec<i64>]) -> Result<StepInputs> {
+    /// past, and an encoder–decoder's `cross` inputs. Prompts of different lengths need the
+    /// model's attention mask and position ids.
+    pub fn prefill(
+        sig: &DecoderSignature,
+        prompts: &[Vec<i64>],
+        cross: Option<CrossInputs>,
+    ) -> Result<StepInputs> {
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let ragged = prompts.iter().any(|p| p.len() != longest);
         if ragged && (sig.attention_mask.is_none() || sig.position_ids.is_none()) {
@@ -96,6 +90,7 @@ impl StepInputs {
             positions: sig.position_ids.clone(),
             input_ids: sig.input_ids.clone(),
             cache_branch: sig.cache_branch.clone(),
+            cross,
         })
     }
 
@@ -123,6 +118,7 @@ impl StepInputs {
             self.past > 0,
         )?;
         t.append(&mut self.cache);
+        t.extend(self.cross.iter().flat_map(CrossInputs::feeds));
         Ok(t)
     }
 
@@ -169,6 +165,7 @@ impl StepInputs {
         let ones = vec![vec![1; past + 1]; batch];
         let ids = vec![vec![PAD]; batch];
         let mut t = self.feeds(&ids, &ones, &ids, true)?;
+        t.extend(self.cross.iter().flat_map(CrossInputs::feeds));
         for c in &sig.cache {
             let tensor =
                 Tensor::zero_dt(datum(c.elem_type)?, &[batch, c.heads, past, c.head_size])?;
@@ -188,6 +185,9 @@ impl StepInputs {
     ) -> Result<Tensor> {
         let (batch, fed) = (self.batch(), self.fed());
         let total = self.past + fed;
+        if let Some(cross) = self.cross.as_mut() {
+            cross.take_presents(&sig.cross_cache, &mut outputs)?;
+        }
         let mut take = |name: &str| -> Result<Tensor> {
             let at = outputs
                 .iter()

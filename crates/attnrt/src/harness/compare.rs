@@ -4,16 +4,19 @@
 //! correctness checks, returns a [`Comparison`]: the fusion report, what each path ran (op
 //! placement, build and run times), the fused-vs-unfused diffs and the diffs against expected
 //! outputs (e.g. PyTorch's, saved next to a model), each output judged by the tolerance of its
-//! element type unless the caller fixes one. It serializes to JSON as is.
+//! element type unless the caller fixes one. It serializes to JSON as is. A dynamically
+//! quantized model whose paths differ is compared again with its int8 steps pinned
+//! ([`PinnedDiffs`], `attnrt_runtime::quant_pins`).
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use attnrt_fusion::{FusionOptions, FusionReport};
 use attnrt_onnx::ModelProto;
+use attnrt_runtime::quant_pins::{PinReport, QuantPins};
 use attnrt_runtime::{
-    run_once_with_options, MemoryBudget, NamedTensor, OpCounts, Profile, RunResult, SessionOptions,
-    ShapePolicy, Threads,
+    run_once_with_options, DatumType, MemoryBudget, NamedTensor, OpCounts, Profile, RunResult,
+    SessionOptions, ShapePolicy, Threads,
 };
 use serde::Serialize;
 
@@ -113,6 +116,29 @@ pub struct Comparison {
     pub expect: Option<BTreeMap<String, Vec<OutputDiff>>>,
     /// The tolerance the fused-vs-unfused diff used.
     pub tolerance: ToleranceChoice,
+    /// A dynamically quantized model whose fused and unfused outputs differ beyond tolerance:
+    /// the fused path again, with the unfused run's activation quantizations pinned.
+    pub pinned: Option<PinnedDiffs>,
+}
+
+/// The fused path run a second time with the unfused run's activation quantizations pinned
+/// (`attnrt_runtime::quant_pins`): each quantized projection whose input is within the diff's
+/// float32 tolerance of the unfused run's takes that run's quantization, so a step flipped by a
+/// rounding difference upstream is not passed on. The fused path agrees with the unfused one
+/// when no projection diverged and these diffs are within tolerance.
+#[derive(Debug, Clone, Serialize)]
+pub struct PinnedDiffs {
+    /// What the pins did.
+    pub pins: PinReport,
+    /// Pinned fused vs unfused, per output.
+    pub diffs: Vec<OutputDiff>,
+}
+
+impl PinnedDiffs {
+    /// No projection diverged and every output is within tolerance.
+    pub fn ok(&self) -> bool {
+        self.pins.diverged.is_empty() && self.diffs.iter().all(|d| d.ok)
+    }
 }
 
 impl Comparison {
@@ -138,8 +164,23 @@ impl Comparison {
     /// One phrase per output out of tolerance, e.g. `'y' fused vs unfused`.
     pub fn failures(&self) -> Vec<String> {
         let mut bad = Vec::new();
-        for d in self.diffs.iter().flatten().filter(|d| !d.ok) {
-            bad.push(format!("'{}' fused vs unfused", d.name));
+        match &self.pinned {
+            Some(p) => {
+                for d in p.diffs.iter().filter(|d| !d.ok) {
+                    bad.push(format!(
+                        "'{}' fused vs unfused (quantization pinned)",
+                        d.name
+                    ));
+                }
+                for why in &p.pins.diverged {
+                    bad.push(format!("quantized projection {why}"));
+                }
+            }
+            None => {
+                for d in self.diffs.iter().flatten().filter(|d| !d.ok) {
+                    bad.push(format!("'{}' fused vs unfused", d.name));
+                }
+            }
         }
         for (path, ds) in self.expect.iter().flatten() {
             for d in ds.iter().filter(|d| !d.ok) {
@@ -202,11 +243,26 @@ pub fn compare(
         .as_ref()
         .map(|m| run(m, format!("fused {name}")))
         .transpose()?;
+    // The unfused run records its activation quantizations, for `pinned` below.
+    let recorder = QuantPins::recorder();
     let unfused_run = (fused_run.is_none() || !options.no_diff)
-        .then(|| run(model, name.to_string()))
+        .then(|| recorder.during(|| run(model, name.to_string())))
         .transpose()?;
     let diffs = match (&fused_run, &unfused_run) {
         (Some(f), Some(u)) => Some(diff_outputs(&f.outputs, &u.outputs, options.tolerance)),
+        _ => None,
+    };
+    let flipped = diffs.iter().flatten().any(|d| !d.ok) && recorder.recorded() > 0;
+    let pinned = match (&fused_model, &unfused_run) {
+        (Some(m), Some(u)) if flipped => {
+            let f32_tol = options.tolerance.for_dtype(DatumType::F32);
+            let pins = QuantPins::replayer(&recorder, f32_tol.atol as f32, f32_tol.rtol as f32);
+            let again = pins.during(|| run(m, format!("fused {name} (quantization pinned)")))?;
+            Some(PinnedDiffs {
+                pins: pins.report(),
+                diffs: diff_outputs(&again.outputs, &u.outputs, options.tolerance),
+            })
+        }
         _ => None,
     };
     let expect = expected.map(|exp| {
@@ -230,5 +286,6 @@ pub fn compare(
         diffs,
         expect,
         tolerance: options.tolerance,
+        pinned,
     })
 }

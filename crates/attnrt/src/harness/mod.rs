@@ -14,7 +14,7 @@ pub mod npy;
 pub mod summary;
 pub mod timing;
 
-pub use compare::{compare, CompareOptions, Comparison, PathRun};
+pub use compare::{compare, CompareOptions, Comparison, PathRun, PinnedDiffs};
 pub use diff::{diff_outputs, diff_tensor, OutputDiff, Tolerance, ToleranceChoice};
 pub use inputs::{prepare_inputs, vocab_bound, DimBinding, InputOptions, PreparedInputs};
 pub use npy::{read_npz_tensors, write_npz};

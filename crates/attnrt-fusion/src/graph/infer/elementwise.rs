@@ -23,6 +23,12 @@ pub(super) fn unary(f: &mut Facts, n: &NodeProto) {
         ("Neg", Some(Value::Floats(d, v))) => {
             Some(Value::Floats(d.clone(), v.iter().map(|x| -x).collect()))
         }
+        // T5 slices its position bias from `-sequence_length` (a dim from `Shape`).
+        ("Neg", Some(Value::Ints(d, v))) => v
+            .iter()
+            .map(|x| Dim::known(0).sub(x))
+            .collect::<Option<Vec<Dim>>>()
+            .map(|v| Value::Ints(d.clone(), v)),
         // The ONNX expansions compute their GQA repeat count through Not/And.
         ("Not", Some(Value::Bools(d, v))) => {
             Some(Value::Bools(d.clone(), v.iter().map(|x| !x).collect()))

@@ -111,8 +111,10 @@ pub(super) fn slice(f: &mut Facts, n: &NodeProto) {
     let ends_known: Option<Vec<i64>> = spec.ends.iter().map(Dim::as_known).collect();
     // A 1-D integer value (shape vector) sliced on axis 0.
     if let (Some(Value::Ints(d, x)), Some(ends)) = (f.in_value(n, 0), ends_known.as_ref()) {
-        if d.len() == 1 && spec.axes.len() == 1 && (spec.axes[0] == 0 || spec.axes[0] == -1) {
-            let (b, e) = slice_range(spec.starts[0], ends[0], x.len() as i64);
+        let start = spec.starts[0].as_known();
+        let on_axis_0 = spec.axes.len() == 1 && (spec.axes[0] == 0 || spec.axes[0] == -1);
+        if let (1, true, Some(start)) = (d.len(), on_axis_0, start) {
+            let (b, e) = slice_range(start, ends[0], x.len() as i64);
             let v: Vec<Dim> = x[b as usize..e.max(b) as usize].to_vec();
             f.set(n, 0, None, Some(Value::Ints(vec![v.len() as i64], v)));
             return;
@@ -127,7 +129,7 @@ pub(super) fn slice(f: &mut Facts, n: &NodeProto) {
         if !(0..r).contains(&ax) {
             return;
         }
-        match sliced_dim(&s[ax as usize], spec.starts[k], &spec.ends[k]) {
+        match sliced_dim(&s[ax as usize], &spec.starts[k], &spec.ends[k]) {
             Some(d) => s[ax as usize] = d,
             None => return,
         }
@@ -136,9 +138,9 @@ pub(super) fn slice(f: &mut Facts, n: &NodeProto) {
     f.set(n, 0, Some(s), None);
 }
 
-/// The known `starts`, (possibly symbolic) `ends` and `axes` of a unit-step `Slice`.
+/// The (possibly symbolic) `starts` and `ends`, and the known `axes` of a unit-step `Slice`.
 struct SliceSpec {
-    starts: Vec<i64>,
+    starts: Vec<Dim>,
     ends: Vec<Dim>,
     axes: Vec<i64>,
 }
@@ -147,8 +149,9 @@ impl SliceSpec {
     fn of(f: &Facts, n: &NodeProto) -> Option<SliceSpec> {
         let get = |i: usize| f.in_value(n, i).and_then(Value::known_ints);
         let present = |i: usize| n.input.len() > i && !n.input[i].is_empty();
-        let starts = get(1)?;
-        let Some(Value::Ints(_, ends)) = f.in_value(n, 2) else {
+        let (Some(Value::Ints(_, starts)), Some(Value::Ints(_, ends))) =
+            (f.in_value(n, 1), f.in_value(n, 2))
+        else {
             return None;
         };
         let axes = if present(3) {
@@ -166,7 +169,7 @@ impl SliceSpec {
             && steps.len() == starts.len()
             && steps.iter().all(|&s| s == 1);
         ok.then(|| SliceSpec {
-            starts,
+            starts: starts.clone(),
             ends: ends.clone(),
             axes,
         })
@@ -174,8 +177,19 @@ impl SliceSpec {
 }
 
 /// The size of dim `d` sliced `[start:end]` (unit step), when it can be said.
-fn sliced_dim(d: &Dim, start: i64, end: &Dim) -> Option<Dim> {
-    if start == 0 && end.as_known().is_some_and(|e| e >= i64::MAX / 2) {
+fn sliced_dim(d: &Dim, start: &Dim, end: &Dim) -> Option<Dim> {
+    let to_end = end.as_known().is_some_and(|e| e >= i64::MAX / 2);
+    let Some(start) = start.as_known() else {
+        // `x[-e:]` with a run-time `e` (T5 keeps the last `e` rows of its position bias): `e`
+        // rows where `d ≥ e` is provable.
+        let e = Dim::known(0).sub(start)?;
+        let fits = d
+            .sub(&e)
+            .and_then(|r| r.lower_bound())
+            .is_some_and(|b| b >= 0);
+        return (to_end && fits).then_some(e);
+    };
+    if start == 0 && to_end {
         return Some(d.clone());
     }
     if start == 0 && end.as_known().is_none() {
@@ -279,4 +293,12 @@ pub(super) fn split(f: &mut Facts, n: &NodeProto) {
         }
         f.set(n, i, Some(out), None);
     }
+}
+
+/// `ScatterND` / `ScatterElements`: the data's type and shape (the values written are not
+/// followed); transformers builds BART's causal mask by assigning into a full tensor.
+pub(super) fn scatter(f: &mut Facts, n: &NodeProto) {
+    f.copy_type(n);
+    let s = f.in_shape(n, 0);
+    f.set(n, 0, s, None);
 }

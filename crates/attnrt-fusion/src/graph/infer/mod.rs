@@ -84,6 +84,7 @@ fn rule_for(op: &str) -> Option<Rule> {
         "Gather" => indexing::gather,
         "Slice" => indexing::slice,
         "Pad" => indexing::pad,
+        "ScatterND" | "ScatterElements" => indexing::scatter,
         "Expand" => shape_ops::expand,
         "Tile" => shape_ops::tile,
         "Flatten" => shape_ops::flatten,
