@@ -9,11 +9,11 @@ use common::{models_dir, shipped_models};
 
 use attnrt_onnx::proto::{
     tensor_proto::DataLocation, FunctionProto, GraphProto, ModelProto, NodeProto,
-    OperatorSetIdProto, StringStringEntryProto, ValueInfoProto,
+    OperatorSetIdProto, StringStringEntryProto, TensorProto, ValueInfoProto,
 };
 use attnrt_onnx::validate::validate_model_with;
 use attnrt_onnx::{
-    attr, load_model, opset, save_model, tensor, validate_model, Limits, SaveOptions,
+    attr, load_model, opset, save_model, tensor, validate_model, Limits, MemoryBudget, SaveOptions,
     ValidationError,
 };
 use prost::Message;
@@ -91,9 +91,16 @@ fn shipped_external_data_model_loads_like_the_inline_one() {
     assert_eq!(values(&ext.model), values(&inline.model));
 }
 
-/// A model whose one initializer lives in `location`, written into `dir`.
-fn external_model(dir: &Path, location: &str, offset: u64, length: u64) -> PathBuf {
-    let mut w = tensor::from_f32("w", &[4], &[1.0, 2.0, 3.0, 4.0]);
+/// A float32 initializer `name` of `dims` whose data is `length` bytes at `offset` in `location`.
+fn external_tensor(
+    name: &str,
+    dims: &[i64],
+    location: &str,
+    offset: u64,
+    length: u64,
+) -> TensorProto {
+    let mut w = tensor::from_f32(name, &[1], &[0.0]);
+    w.dims = dims.to_vec();
     w.raw_data.clear();
     let e = |k: &str, v: String| StringStringEntryProto {
         key: k.into(),
@@ -105,11 +112,84 @@ fn external_model(dir: &Path, location: &str, offset: u64, length: u64) -> PathB
         e("length", length.to_string()),
     ];
     w.data_location = DataLocation::External as i32;
+    w
+}
+
+/// A model whose one initializer lives in `location`, written into `dir`.
+fn external_model(dir: &Path, location: &str, offset: u64, length: u64) -> PathBuf {
+    let w = external_tensor("w", &[4], location, offset, length);
     let mut model = tiny_model(vec![node("Relu", &["w"], &["y"])], &[], &["y"]);
     model.graph.as_mut().unwrap().initializer.push(w);
     let path = dir.join("model.onnx");
     std::fs::write(&path, model.encode_to_vec()).unwrap();
     path
+}
+
+/// A file of `len` bytes that takes no disk space (a hole), with `head` written at `at`.
+fn sparse_file(path: &Path, len: u64, at: u64, head: &[u8]) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = std::fs::File::create(path).unwrap();
+    f.set_len(len).unwrap();
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.write_all(head).unwrap();
+}
+
+#[test]
+fn over_2_gib_of_external_data_loads_with_the_default_limits() {
+    // The two layouts of large models: the TorchScript exporter's one file per tensor ("a") and
+    // one data file holding many (optimum's "weights.data", its last tensor past 4 GiB), 2.25 GiB
+    // of external data in all, in sparse files. The limits are the default ones of a machine
+    // whose memory budget is 8 GiB (a 24 GB machine with other work on it).
+    const GIB: u64 = 1 << 30;
+    let dir = tempfile::tempdir().unwrap();
+    let values: Vec<u8> = [1.5f32, -2.0, 3.25, 4.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    sparse_file(&dir.path().join("a"), GIB + GIB / 4, 0, &[]);
+    sparse_file(
+        &dir.path().join("weights.data"),
+        4 * GIB + GIB / 2,
+        4 * GIB + GIB / 4,
+        &values,
+    );
+    let a = external_tensor("a", &[(GIB + GIB / 4) as i64 / 4], "a", 0, GIB + GIB / 4);
+    let b = external_tensor("b", &[2048, GIB as i64 / 8192], "weights.data", 0, GIB);
+    let c = external_tensor("c", &[4], "weights.data", 4 * GIB + GIB / 4, 16);
+    let mut model = tiny_model(
+        vec![
+            node("Relu", &["a"], &["ya"]),
+            node("Relu", &["b"], &["yb"]),
+            node("Relu", &["c"], &["yc"]),
+        ],
+        &[],
+        &["ya", "yb", "yc"],
+    );
+    model.graph.as_mut().unwrap().initializer.extend([a, b, c]);
+    let path = dir.path().join("model.onnx");
+    std::fs::write(&path, model.encode_to_vec()).unwrap();
+
+    let limits = Limits::within(&MemoryBudget::new(8 * GIB));
+    let loaded = load_model(&path, &limits).unwrap();
+    let init = &loaded.model.graph.as_ref().unwrap().initializer;
+    let lens: Vec<u64> = init.iter().map(|t| t.raw_data.len() as u64).collect();
+    assert_eq!(lens, vec![GIB + GIB / 4, GIB, 16]);
+    assert_eq!(
+        tensor::to_f32(&init[2]).unwrap(),
+        vec![1.5, -2.0, 3.25, 4.0]
+    );
+    assert_eq!(loaded.external_files, vec!["a", "weights.data"]);
+
+    // The total is what the limit counts: below 2.25 GiB the same model is refused.
+    let tight = Limits {
+        max_external_bytes: 2 * GIB,
+        ..limits
+    };
+    let err = format!("{:#}", load_model(&path, &tight).unwrap_err());
+    assert!(
+        err.contains("initializer 'b'") && err.contains("external data totals"),
+        "{err}"
+    );
 }
 
 #[test]

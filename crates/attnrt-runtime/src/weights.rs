@@ -144,16 +144,26 @@ pub(crate) fn place(model: &mut InferenceModel, held: Vec<HeldWeight>) -> TractR
         .zip(&ids)
         .map(|(w, &id)| projection_readers(model, w, id))
         .collect();
-    let homes = held
-        .par_iter()
-        .zip(readers.into_par_iter())
-        .map(|(w, readers)| {
+    // Largest first, handed out in that order: while a weight is copied its file pages add to
+    // the copies made so far, so the last ones in flight, when those copies are nearly all made,
+    // should be the small ones (the peak, not the total, is what this changes).
+    let mut jobs: Vec<_> = held.iter().zip(readers).enumerate().collect();
+    jobs.sort_by_key(|(_, (w, _))| std::cmp::Reverse(w.data.len()));
+    let mut placed: Vec<(usize, TractResult<Home>)> = jobs
+        .into_iter()
+        .par_bridge()
+        .map(|(i, (w, readers))| {
             let home = home_of(w, readers);
             // The values are in the session's memory now: the file's pages are not needed (and
             // giving them back at once keeps the file's pages and the copies from adding up).
             attnrt_onnx::mapped::release(&w.data);
-            home
+            (i, home)
         })
+        .collect();
+    placed.sort_by_key(|(i, _)| *i);
+    let homes = placed
+        .into_iter()
+        .map(|(_, home)| home)
         .collect::<TractResult<Vec<Home>>>()?;
     for (id, home) in ids.into_iter().zip(homes) {
         let konst = match home {
