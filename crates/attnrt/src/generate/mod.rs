@@ -262,7 +262,7 @@ impl Generator {
             ..options.clone()
         };
         let (session, reference) = sessions(model, reference, threads, what, &options)?;
-        Ok(Generator {
+        let generator = Generator {
             signature,
             context,
             session: Arc::new(session),
@@ -270,7 +270,27 @@ impl Generator {
             encoder: None,
             first_step: None,
             what: what.to_string(),
-        })
+        };
+        generator.prepare_decode_steps();
+        Ok(generator)
+    }
+
+    /// Makes the plan of the one-token steps of a single row while the model loads (the past
+    /// length is symbolic in it, so it serves every decode step of a batch of one): the prompt
+    /// step then neither waits for it nor shares the cores with its making. Not for
+    /// encoder–decoders (their steps' shapes follow the encoder's); a plan that cannot be made
+    /// now is made by the step that needs it, as for other batch sizes.
+    fn prepare_decode_steps(&self) {
+        if self.signature.encoder_states.is_some() || !self.signature.cross_cache.is_empty() {
+            return;
+        }
+        let one_row = [vec![0]];
+        let shapes = StepInputs::prefill(&self.signature, &one_row, None)
+            .and_then(|step| step.next_step_shapes(&self.signature));
+        if let Ok(shapes) = shapes {
+            // A failure here is the decode step's to report, when it comes.
+            let _ = self.session.prepare(&shapes);
+        }
     }
 
     /// This decoder (with past: optimum's `decoder_with_past_model.onnx`, which takes the
@@ -523,8 +543,9 @@ impl Generator {
         self.plan_stats().build_ms
     }
 
-    /// The plans of the decoder's session and of the first step's.
-    fn plan_stats(&self) -> PlanStats {
+    /// The plans of the decoder's session and of the first step's, so far (a decoder-only
+    /// model's single-row decode plan is made when the generator is built).
+    pub fn plan_stats(&self) -> PlanStats {
         let mut stats = self.session.plan_stats();
         if let Some((first, _)) = &self.first_step {
             let f = first.plan_stats();
@@ -539,7 +560,8 @@ impl Generator {
 
     /// Makes the decode steps' plan on its own thread, while the prompt runs: the first decode
     /// step then costs its compute, not a plan (the past length is symbolic in that plan, so it
-    /// serves every later step too).
+    /// serves every later step too). A single row's plan exists already (made when the generator
+    /// was built: [`Generator::plan_stats`]); the thread then finds it and ends.
     fn plan_decode_steps(&self, shapes: Vec<NamedTensor>) -> std::thread::JoinHandle<()> {
         let session = Arc::clone(&self.session);
         std::thread::spawn(move || {
