@@ -1,47 +1,50 @@
-//! ONNX `QuantizeLinear` with its input bounded first. tract's op for one scale and zero point
-//! computes `round(x · (1 / scale)) as i32 + zero_point` before saturating, and the integer
-//! add overflows when `x / scale` reaches 2³¹ (an infinity, a huge activation, a tiny scale):
-//! a panic in a debug build, a wrapped (wrong) value in a release one. ONNX saturates.
+//! ONNX `QuantizeLinear` with one scale and zero point (float32 to uint8 or int8) on attnrt's
+//! kernel ([`attnrt_kernels::quant::quantize_linear`]): `saturate(round(x / scale) +
+//! zero_point)` in one pass, 8 values at a time.
 //!
-//! attnrt's parser wires tract's op behind a clamp of `x` to `±2³⁰ · |scale|`: every value
-//! that clamp moves saturates to the type's bound anyway (`|x / scale| ≥ 2³⁰` is far outside
-//! any 8-bit range), so the result is tract's wherever tract's is defined, and ONNX's
-//! saturated bound where tract's overflowed. NaN passes through (tract quantizes it to the
-//! zero point). Scales per axis go through tract's float arithmetic, which saturates already.
+//! tract's op for this case computed `round(x · (1 / scale)) as i32 + zero_point` before
+//! saturating, and the integer add overflowed when `x / scale` reached 2³¹ (an infinity, a huge
+//! activation, a tiny scale): a panic in a debug build, a wrapped (wrong) value in a release one.
+//! ONNX saturates, and divides; so does this op. Scales per axis, other types and inputs that are
+//! not constants go through tract's expansion (its float arithmetic saturates already).
+//! Registered in every session, so the fused and the unfused graph quantize alike.
 
+use attnrt_kernels::quant::{quantize_linear, Quantized};
+use attnrt_kernels::KernelSet;
 use tract_onnx::model::ParsingContext;
 use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
-use tract_onnx::tract_core::ops::math::{max, min};
 use tract_onnx::tract_hir::internal::*;
 
+use crate::tensor::f32_data;
 use crate::tract_parser::OnnxParser;
 
-/// The name of the parsed (not planned) op: the plan holds tract's `max`, `min` and
-/// `QuantizeLinear` ops.
-pub(crate) const OP_NAME: &str = "AttnrtQuantizeLinear";
+/// The name under which [`QuantizeLinearOp`] appears in a planned graph.
+pub const OP_NAME: &str = "AttnrtQuantizeLinear";
 
 /// attnrt's `QuantizeLinear` parser, wrapping tract's (registered in every session).
 pub(crate) static PARSER: OnnxParser = OnnxParser::new("QuantizeLinear", parse);
-
-/// `|x / scale|` at or above this saturates every 8-bit type, and stays far from `i32`'s end.
-const BOUND: f32 = (1u32 << 30) as f32;
 
 fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    PARSER.wrap_expansion(ctx, node, |tract| Ok(expand(BoundedQuantize { tract })))
+    PARSER.wrap_expansion(ctx, node, |tract| {
+        Ok(expand(PerTensorQuantize {
+            node: node.name.clone(),
+            tract,
+        }))
+    })
 }
 
-/// tract's `QuantizeLinear`, its input clamped first when it has one scale (see the module
-/// docs).
+/// tract's `QuantizeLinear` (its shape rules, its expansion for what attnrt's op does not run).
 #[derive(Debug, Clone)]
-struct BoundedQuantize {
+struct PerTensorQuantize {
+    node: String,
     tract: Box<dyn Expansion>,
 }
 
-impl Expansion for BoundedQuantize {
+impl Expansion for PerTensorQuantize {
     fn name(&self) -> StaticName {
         OP_NAME.into()
     }
@@ -61,22 +64,132 @@ impl Expansion for BoundedQuantize {
         model: &mut TypedModel,
         inputs: &[OutletId],
     ) -> TractResult<TVec<OutletId>> {
-        let x = model.outlet_fact(inputs[0])?.clone();
-        let scale = model.outlet_fact(inputs[1])?.konst.clone();
-        let Some(scale) = scale.filter(|s| s.len() == 1 && x.datum_type == f32::datum_type())
-        else {
-            return Expansion::wire(&*self.tract, prefix, model, inputs);
+        match self.native(model, inputs)? {
+            Some(op) => model.wire_node(prefix, op, &inputs[..1]),
+            None => Expansion::wire(&*self.tract, prefix, model, inputs),
+        }
+    }
+}
+
+impl PerTensorQuantize {
+    /// attnrt's op for these inputs: float32 `x`, one constant scale, a constant zero point of
+    /// one value (uint8 or int8) or none (uint8, 0); else `None`.
+    fn native(
+        &self,
+        model: &TypedModel,
+        inputs: &[OutletId],
+    ) -> TractResult<Option<QuantizeLinearOp>> {
+        if model.outlet_fact(inputs[0])?.datum_type != f32::datum_type() {
+            return Ok(None);
+        }
+        let scale = match &model.outlet_fact(inputs[1])?.konst {
+            Some(s) if s.len() == 1 && s.datum_type() == f32::datum_type() => f32_data(s)?[0],
+            _ => return Ok(None),
         };
-        let bound = BOUND * scale.cast_to_scalar::<f32>()?.abs();
-        let rank = x.rank();
-        let lo = tensor0(-bound).broadcast_into_rank(rank)?;
-        let hi = tensor0(bound).broadcast_into_rank(rank)?;
-        let lo = model.add_const(format!("{prefix}.lo"), lo)?;
-        let hi = model.add_const(format!("{prefix}.hi"), hi)?;
-        let clamped = model.wire_node(format!("{prefix}.above"), max(), &[inputs[0], lo])?;
-        let clamped = model.wire_node(format!("{prefix}.below"), min(), &[clamped[0], hi])?;
-        let mut wired: TVec<OutletId> = inputs.into();
-        wired[0] = clamped[0];
-        Expansion::wire(&*self.tract, prefix, model, &wired)
+        let zero_point = match inputs.get(2) {
+            None => Some((Quantized::U8, 0)),
+            Some(&z) => match &model.outlet_fact(z)?.konst {
+                Some(z) if z.len() == 1 && z.datum_type() == u8::datum_type() => {
+                    Some((Quantized::U8, i32::from(z.cast_to_scalar::<u8>()?)))
+                }
+                Some(z) if z.len() == 1 && z.datum_type() == i8::datum_type() => {
+                    Some((Quantized::I8, i32::from(z.cast_to_scalar::<i8>()?)))
+                }
+                _ => None,
+            },
+        };
+        let Some((to, zero_point)) = zero_point else {
+            return Ok(None);
+        };
+        Ok(Some(QuantizeLinearOp {
+            node: self.node.clone(),
+            scale,
+            zero_point,
+            to,
+            kernels: crate::kernels::for_op()?,
+        }))
+    }
+}
+
+/// `y = saturate(round(x / scale) + zero_point)` to uint8 or int8 (see the module docs).
+#[derive(Debug, Clone)]
+pub struct QuantizeLinearOp {
+    /// ONNX node name, for errors.
+    pub node: String,
+    /// The scale.
+    pub scale: f32,
+    /// The zero point, in `to`'s range.
+    pub zero_point: i32,
+    /// The output type.
+    pub to: Quantized,
+    /// The session's kernels.
+    pub kernels: KernelSet,
+}
+
+// tract compares ops for equality (`DynEq`); the scale by its bits, so that it is total.
+impl PartialEq for QuantizeLinearOp {
+    fn eq(&self, other: &Self) -> bool {
+        self.node == other.node
+            && self.scale.to_bits() == other.scale.to_bits()
+            && self.zero_point == other.zero_point
+            && self.to == other.to
+            && self.kernels == other.kernels
+    }
+}
+
+impl Eq for QuantizeLinearOp {}
+
+impl QuantizeLinearOp {
+    fn datum_type(&self) -> DatumType {
+        match self.to {
+            Quantized::U8 => DatumType::U8,
+            Quantized::I8 => DatumType::I8,
+        }
+    }
+}
+
+impl Op for QuantizeLinearOp {
+    fn name(&self) -> StaticName {
+        OP_NAME.into()
+    }
+
+    fn info(&self) -> TractResult<Vec<String>> {
+        Ok(vec![format!(
+            "node {}: x / {} + {} to {:?}",
+            self.node, self.scale, self.zero_point, self.to
+        )])
+    }
+
+    op_as_typed_op!();
+}
+
+impl EvalOp for QuantizeLinearOp {
+    op_out_of_plan!();
+
+    fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        let x = &inputs[0];
+        let xs = f32_data(x).with_context(|| format!("QuantizeLinear node '{}'", self.node))?;
+        // Every byte is written by `quantize_linear`.
+        let mut y = unsafe { Tensor::uninitialized_dt(self.datum_type(), x.shape())? };
+        let (kernel, threads) = (self.kernels.quant(), self.kernels.threads());
+        let out = y.as_bytes_mut();
+        quantize_linear(
+            kernel,
+            threads,
+            xs,
+            self.scale,
+            self.zero_point,
+            self.to,
+            out,
+        );
+        Ok(tvec!(y.into_tvalue()))
+    }
+}
+
+impl TypedOp for QuantizeLinearOp {
+    as_op!();
+
+    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+        Ok(tvec!(self.datum_type().fact(inputs[0].shape.clone())))
     }
 }

@@ -193,3 +193,50 @@ pub(super) unsafe fn tile(_: *const i16, _: usize, _: *const i16, _: usize) -> [
 pub(super) unsafe fn row<const NARROW: bool>(_: *const i16, _: *const u8, _: usize) -> [i32; NR] {
     unreachable!("the AVX2 build runs on x86_64 only")
 }
+
+/// [`super::portable::quantize_linear`] on AVX2.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn quantize_linear(
+    x: &[f32],
+    scale: f32,
+    zero_point: f32,
+    to: super::Quantized,
+    out: &mut [u8],
+) {
+    let n = x.len().min(out.len());
+    let whole = n / 8 * 8;
+    let (lo, hi) = to.bounds();
+    let s = _mm256_set1_ps(scale);
+    let zp = _mm256_set1_ps(zero_point);
+    let (lo_v, hi_v) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+    for i in (0..whole).step_by(8) {
+        // SAFETY: `i + 8 <= n`, within both slices.
+        unsafe {
+            let v = _mm256_div_ps(_mm256_loadu_ps(x.as_ptr().add(i)), s);
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            // NaN → 0, as the portable build; infinities saturate below.
+            let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r));
+            let q = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, zp), lo_v), hi_v);
+            let c = _mm256_cvtps_epi32(q);
+            // i32 → i16 (in range, so no saturation), in order in the low 128 bits.
+            let words = _mm256_permute4x64_epi64::<0b1000>(_mm256_packs_epi32(c, c));
+            let words = _mm256_castsi256_si128(words);
+            let bytes = match to {
+                super::Quantized::U8 => _mm_packus_epi16(words, words),
+                super::Quantized::I8 => _mm_packs_epi16(words, words),
+            };
+            _mm_storel_epi64(out.as_mut_ptr().add(i).cast(), bytes);
+        }
+    }
+    super::portable::quantize_linear(&x[whole..n], scale, zero_point, to, &mut out[whole..n]);
+}
+
+/// Never called: the AVX2 build is chosen only on x86_64.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn quantize_linear(_: &[f32], _: f32, _: f32, _: super::Quantized, _: &mut [u8]) {
+    unreachable!("the AVX2 build runs on x86_64 only")
+}

@@ -20,11 +20,13 @@
 //! CPU here has VNNI to test it on.
 
 mod avx2;
+mod linear;
 mod matmul;
 mod portable;
 mod rows;
 mod weight;
 
+pub use linear::quantize_linear;
 pub use matmul::{quant_matmul, QuantOutput};
 pub use rows::QuantizedRows;
 pub use weight::QuantizedWeight;
@@ -81,3 +83,22 @@ impl std::fmt::Display for QuantKernel {
 
 #[cfg(test)]
 mod tests;
+
+/// The 8-bit type `QuantizeLinear` writes, and its range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Quantized {
+    /// uint8, `[0, 255]`
+    U8,
+    /// int8, `[−128, 127]` (stored as its bytes)
+    I8,
+}
+
+impl Quantized {
+    /// The type's range, as floats.
+    pub(crate) fn bounds(self) -> (f32, f32) {
+        match self {
+            Quantized::U8 => (0.0, 255.0),
+            Quantized::I8 => (-128.0, 127.0),
+        }
+    }
+}

@@ -33,3 +33,24 @@ pub(crate) fn quantize(x: &[f32], scale: f32, zero_point: u8, out: &mut [i16]) {
         *o = (q.clamp(0, 255) - zp) as i16;
     }
 }
+
+/// ONNX `QuantizeLinear` to `to` with one scale and zero point (`linear.rs`), one value at a
+/// time: the AVX2 build's reference and its tail.
+pub(crate) fn quantize_linear(
+    x: &[f32],
+    scale: f32,
+    zero_point: f32,
+    to: super::Quantized,
+    out: &mut [u8],
+) {
+    let (lo, hi) = to.bounds();
+    for (o, &v) in out.iter_mut().zip(x) {
+        let r = (v / scale).round_ties_even();
+        let r = if r.is_nan() { 0.0 } else { r };
+        let q = (r + zero_point).max(lo).min(hi) as i32;
+        *o = match to {
+            super::Quantized::U8 => q as u8,
+            super::Quantized::I8 => q as i8 as u8,
+        };
+    }
+}

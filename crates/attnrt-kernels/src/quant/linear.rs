@@ -1,0 +1,110 @@
+//! ONNX `QuantizeLinear` with one scale and zero point, float32 to uint8 or int8:
+//! `y = saturate(round(x / scale) + zero_point)`, rounding half to even, saturating to the
+//! type's range (an infinity or a value past it gives the bound), NaN quantized as the zero
+//! point. One pass over `x`, 8 values at a time on AVX2, split over the pool for large tensors.
+
+use rayon::prelude::*;
+
+use super::{avx2, portable, Build, QuantKernel, Quantized};
+use crate::threads::ThreadPolicy;
+
+/// `out[i] = saturate(round(x[i] / scale) + zero_point)` as `to` (int8 values as their bytes);
+/// `zero_point` must lie in `to`'s range.
+///
+/// # Panics
+/// If `out` is not as long as `x`.
+pub fn quantize_linear(
+    kernel: &QuantKernel,
+    threads: &ThreadPolicy,
+    x: &[f32],
+    scale: f32,
+    zero_point: i32,
+    to: Quantized,
+    out: &mut [u8],
+) {
+    assert_eq!(x.len(), out.len(), "x and out differ in length");
+    let one = |(x, out): (&[f32], &mut [u8])| match kernel.build {
+        // SAFETY: the AVX2 build is chosen only on CPUs with AVX2.
+        Build::Avx2 => unsafe { avx2::quantize_linear(x, scale, zero_point as f32, to, out) },
+        Build::Portable => portable::quantize_linear(x, scale, zero_point as f32, to, out),
+    };
+    if threads.spreads_values(x.len()) {
+        let chunk = threads.elementwise_chunk().max(8);
+        x.par_chunks(chunk)
+            .zip(out.par_chunks_mut(chunk))
+            .for_each(one);
+    } else {
+        one((x, out));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::isa::Isa;
+
+    fn values() -> Vec<f32> {
+        let mut v: Vec<f32> = (0..203).map(|i| (i as f32 - 101.0) * 0.0375).collect();
+        v.extend([
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e30,
+            -1e30,
+            3e9,
+            -3e9,
+            0.125,
+            -0.125,
+            0.375,
+            0.625,
+            -0.625,
+            -0.0,
+        ]);
+        v
+    }
+
+    #[test]
+    fn every_build_saturates_and_rounds_half_to_even() {
+        let x = values();
+        let threads = ThreadPolicy::default();
+        for isa in Isa::available() {
+            let kernel = QuantKernel::new(isa);
+            for (to, zp) in [
+                (Quantized::U8, 3),
+                (Quantized::U8, 250),
+                (Quantized::I8, -5),
+            ] {
+                let mut out = vec![0u8; x.len()];
+                quantize_linear(&kernel, &threads, &x, 0.25, zp, to, &mut out);
+                let mut want = vec![0u8; x.len()];
+                portable::quantize_linear(&x, 0.25, zp as f32, to, &mut want);
+                assert_eq!(out, want, "{isa:?} {to:?} zp {zp}");
+                let tail = &out[203..];
+                let (lo, hi) = to.bounds();
+                let byte = |v: f32| {
+                    if to == Quantized::U8 {
+                        v as u8
+                    } else {
+                        v as i8 as u8
+                    }
+                };
+                // inf, −inf, NaN, 1e30, −1e30, 3e9, −3e9 saturate (NaN: the zero point)
+                assert_eq!(
+                    tail[..7],
+                    [
+                        byte(hi),
+                        byte(lo),
+                        byte(zp as f32),
+                        byte(hi),
+                        byte(lo),
+                        byte(hi),
+                        byte(lo)
+                    ]
+                );
+                // 0.125 / 0.25 = 0.5 → 0, −0.5 → −0, 1.5 → 2, 2.5 → 2, −2.5 → −2 (half to even)
+                let q = |r: f32| byte((r + zp as f32).clamp(lo, hi));
+                assert_eq!(tail[7..12], [q(0.0), q(0.0), q(2.0), q(2.0), q(-2.0)]);
+            }
+        }
+    }
+}
