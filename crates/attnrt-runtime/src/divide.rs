@@ -15,7 +15,7 @@ use tract_onnx::tract_core::broadcast::multi_broadcast;
 use tract_onnx::tract_core::ndarray::IxDyn;
 use tract_onnx::tract_hir::internal::*;
 
-use crate::tract_parser::OnnxParser;
+use crate::tract_parser::{OnnxParser, Wrapper};
 
 /// Calls `$f::<T>($args)` for the Rust type `T` of the integer datum type `$dt`, else `$other`.
 macro_rules! by_integer {
@@ -63,14 +63,13 @@ fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    parser.wrap_expansion(ctx, node, |tract| {
-        Ok(expand(Division {
+    parser.wrap_expansion(ctx, node, || {
+        Ok(Division {
             check: CheckedDivision {
                 op_type: parser.op_type,
                 node: node.name.clone(),
             },
-            tract,
-        }))
+        })
     })
 }
 
@@ -79,25 +78,16 @@ fn parse(
 #[derive(Debug, Clone)]
 struct Division {
     check: CheckedDivision,
-    tract: Box<dyn Expansion>,
 }
 
-impl Expansion for Division {
+impl Wrapper for Division {
     fn name(&self) -> StaticName {
         format!("Attnrt{}", self.check.op_type).into()
     }
 
-    fn rules<'r, 'p: 'r, 's: 'r>(
-        &'s self,
-        s: &mut Solver<'r>,
-        inputs: &'p [TensorProxy],
-        outputs: &'p [TensorProxy],
-    ) -> InferenceResult {
-        Expansion::rules(&*self.tract, s, inputs, outputs)
-    }
-
     fn wire(
         &self,
+        tract: &dyn Expansion,
         prefix: &str,
         model: &mut TypedModel,
         inputs: &[OutletId],
@@ -109,10 +99,10 @@ impl Expansion for Division {
                     .is_ok_and(|f| f.datum_type.is_integer())
             });
         if !integers {
-            return Expansion::wire(&*self.tract, prefix, model, inputs);
+            return tract.wire(prefix, model, inputs);
         }
         let checked = model.wire_node(format!("{prefix}.checked"), self.check.clone(), inputs)?;
-        Expansion::wire(&*self.tract, prefix, model, &checked)
+        tract.wire(prefix, model, &checked)
     }
 }
 

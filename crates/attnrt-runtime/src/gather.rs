@@ -16,7 +16,7 @@ use tract_onnx::tract_core::ops::array::{Gather, GatherElements};
 use tract_onnx::tract_core::ops::cast::cast;
 use tract_onnx::tract_hir::internal::*;
 
-use crate::tract_parser::{axis_in_rank, OnnxParser};
+use crate::tract_parser::{axis_in_rank, OnnxParser, Wrapper};
 
 /// The name under which [`CheckedGather`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtGather";
@@ -47,13 +47,12 @@ fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    parser.wrap_expansion(ctx, node, |tract| {
-        Ok(expand(GatherRows {
+    parser.wrap_expansion(ctx, node, || {
+        Ok(GatherRows {
             op_type: parser.op_type,
             node: node.name.clone(),
             axis: node.get_attr_opt("axis")?.unwrap_or(0),
-            tract,
-        }))
+        })
     })
 }
 
@@ -64,10 +63,9 @@ struct GatherRows {
     op_type: &'static str,
     node: String,
     axis: i64,
-    tract: Box<dyn Expansion>,
 }
 
-impl Expansion for GatherRows {
+impl Wrapper for GatherRows {
     fn name(&self) -> StaticName {
         "AttnrtGatherRows".into()
     }
@@ -76,7 +74,6 @@ impl Expansion for GatherRows {
         &'s self,
         s: &mut Solver<'r>,
         inputs: &'p [TensorProxy],
-        outputs: &'p [TensorProxy],
     ) -> InferenceResult {
         check_input_arity(inputs, 2)?;
         s.given(&inputs[0].rank, move |_, rank| {
@@ -88,12 +85,12 @@ impl Expansion for GatherRows {
                 "its data",
             )
             .map(drop)
-        })?;
-        Expansion::rules(&*self.tract, s, inputs, outputs)
+        })
     }
 
     fn wire(
         &self,
+        _tract: &dyn Expansion,
         prefix: &str,
         model: &mut TypedModel,
         inputs: &[OutletId],

@@ -19,7 +19,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
 use crate::tensor::{f32_data, f32_data_mut};
-use crate::tract_parser::{axis_in_rank, OnnxParser};
+use crate::tract_parser::{axis_in_rank, OnnxParser, Wrapper};
 
 /// The name under which [`LayerNormOp`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtLayerNorm";
@@ -58,18 +58,17 @@ fn parse_with(
     node: &NodeProto,
     native: bool,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    parser.wrap_expansion(ctx, node, |tract| {
+    parser.wrap_expansion(ctx, node, || {
         let only_y = node.output.iter().skip(1).all(|o| o.is_empty());
         let stash = node
             .get_attr_opt::<DatumType>("stash_type")?
             .unwrap_or(DatumType::F32);
-        Ok(expand(LayerNormRows {
+        Ok(LayerNormRows {
             node: node.name.clone(),
             axis: node.get_attr_opt("axis")?.unwrap_or(-1),
             epsilon: node.get_attr_opt("epsilon")?.unwrap_or(1e-5),
             native: native && only_y && stash == DatumType::F32,
-            tract,
-        }))
+        })
     })
 }
 
@@ -82,34 +81,29 @@ struct LayerNormRows {
     epsilon: f32,
     /// Whether [`LayerNormOp`] may be wired (else tract's expansion always is).
     native: bool,
-    tract: Box<dyn Expansion>,
 }
 
-impl Expansion for LayerNormRows {
+impl Wrapper for LayerNormRows {
     fn name(&self) -> StaticName {
         CHECKED_NAME.into()
-    }
-
-    fn nboutputs(&self) -> TractResult<usize> {
-        Expansion::nboutputs(&*self.tract)
     }
 
     fn rules<'r, 'p: 'r, 's: 'r>(
         &'s self,
         s: &mut Solver<'r>,
         inputs: &'p [TensorProxy],
-        outputs: &'p [TensorProxy],
     ) -> InferenceResult {
         if !inputs.is_empty() {
             s.given(&inputs[0].rank, move |_, rank| {
                 self.axis_from_0(rank as usize).map(drop)
             })?;
         }
-        Expansion::rules(&*self.tract, s, inputs, outputs)
+        Ok(())
     }
 
     fn wire(
         &self,
+        tract: &dyn Expansion,
         prefix: &str,
         model: &mut TypedModel,
         inputs: &[OutletId],
@@ -119,7 +113,7 @@ impl Expansion for LayerNormRows {
         }
         match self.native(model, inputs)? {
             Some(op) => model.wire_node(prefix, op, inputs),
-            None => Expansion::wire(&*self.tract, prefix, model, inputs),
+            None => tract.wire(prefix, model, inputs),
         }
     }
 }

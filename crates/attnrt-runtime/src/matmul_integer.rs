@@ -18,7 +18,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
 use crate::quant_projection::{output_fact_shape, pack_weight, rows_and_output};
-use crate::tract_parser::OnnxParser;
+use crate::tract_parser::{OnnxParser, Wrapper};
 
 /// The name under which [`MatMulIntegerOp`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtMatMulInteger";
@@ -30,14 +30,13 @@ fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    PARSER.wrap_expansion(ctx, node, |tract| {
+    PARSER.wrap_expansion(ctx, node, || {
         let mut zero_points = optional_inputs(node).skip(2);
-        Ok(expand(ConstantWeight {
+        Ok(ConstantWeight {
             node: node.name.clone(),
             a_zero_point: zero_points.next().flatten(),
             b_zero_point: zero_points.next().flatten(),
-            tract,
-        }))
+        })
     })
 }
 
@@ -47,25 +46,16 @@ struct ConstantWeight {
     node: String,
     a_zero_point: Option<usize>,
     b_zero_point: Option<usize>,
-    tract: Box<dyn Expansion>,
 }
 
-impl Expansion for ConstantWeight {
+impl Wrapper for ConstantWeight {
     fn name(&self) -> StaticName {
         "AttnrtMatMulIntegerParse".into()
     }
 
-    fn rules<'r, 'p: 'r, 's: 'r>(
-        &'s self,
-        s: &mut Solver<'r>,
-        inputs: &'p [TensorProxy],
-        outputs: &'p [TensorProxy],
-    ) -> InferenceResult {
-        Expansion::rules(&*self.tract, s, inputs, outputs)
-    }
-
     fn wire(
         &self,
+        tract: &dyn Expansion,
         prefix: &str,
         model: &mut TypedModel,
         inputs: &[OutletId],
@@ -76,7 +66,7 @@ impl Expansion for ConstantWeight {
                 wired.extend(self.a_zero_point.map(|z| inputs[z]));
                 model.wire_node(prefix, op, &wired)
             }
-            None => Expansion::wire(&*self.tract, prefix, model, inputs),
+            None => tract.wire(prefix, model, inputs),
         }
     }
 }

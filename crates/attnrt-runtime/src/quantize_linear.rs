@@ -17,7 +17,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
 use crate::tensor::f32_data;
-use crate::tract_parser::OnnxParser;
+use crate::tract_parser::{OnnxParser, Wrapper};
 
 /// The name under which [`QuantizeLinearOp`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtQuantizeLinear";
@@ -29,11 +29,10 @@ fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    PARSER.wrap_expansion(ctx, node, |tract| {
-        Ok(expand(PerTensorQuantize {
+    PARSER.wrap_expansion(ctx, node, || {
+        Ok(PerTensorQuantize {
             node: node.name.clone(),
-            tract,
-        }))
+        })
     })
 }
 
@@ -41,32 +40,23 @@ fn parse(
 #[derive(Debug, Clone)]
 struct PerTensorQuantize {
     node: String,
-    tract: Box<dyn Expansion>,
 }
 
-impl Expansion for PerTensorQuantize {
+impl Wrapper for PerTensorQuantize {
     fn name(&self) -> StaticName {
         OP_NAME.into()
     }
 
-    fn rules<'r, 'p: 'r, 's: 'r>(
-        &'s self,
-        s: &mut Solver<'r>,
-        inputs: &'p [TensorProxy],
-        outputs: &'p [TensorProxy],
-    ) -> InferenceResult {
-        Expansion::rules(&*self.tract, s, inputs, outputs)
-    }
-
     fn wire(
         &self,
+        tract: &dyn Expansion,
         prefix: &str,
         model: &mut TypedModel,
         inputs: &[OutletId],
     ) -> TractResult<TVec<OutletId>> {
         match self.native(model, inputs)? {
             Some(op) => model.wire_node(prefix, op, &inputs[..1]),
-            None => Expansion::wire(&*self.tract, prefix, model, inputs),
+            None => tract.wire(prefix, model, inputs),
         }
     }
 }

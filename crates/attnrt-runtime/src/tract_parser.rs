@@ -66,19 +66,86 @@ impl OnnxParser {
         Ok((op, extra, expansion))
     }
 
-    /// tract's parse of `node` with its expansion handed to `wrap`, which builds attnrt's op
-    /// around it; an op tract does not expand is kept as tract made it.
-    pub(crate) fn wrap_expansion(
+    /// tract's parse of `node` with its expansion wrapped by the [`Wrapper`] `wrapper` makes
+    /// (attnrt's checks and wiring around tract's rules and expansion); an op tract does not
+    /// expand is kept as tract made it, and `wrapper` is not called.
+    pub(crate) fn wrap_expansion<W: Wrapper>(
         &self,
         ctx: &ParsingContext,
         node: &NodeProto,
-        wrap: impl FnOnce(Box<dyn Expansion>) -> TractResult<Box<dyn InferenceOp>>,
+        wrapper: impl FnOnce() -> TractResult<W>,
     ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
         let (op, extra, expansion) = self.parse_as_tract(ctx, node)?;
         match expansion {
-            Some(tract) => Ok((wrap(tract)?, extra)),
+            Some(tract) => {
+                let wrapper = wrapper()?;
+                Ok((expand(Wrapped { wrapper, tract }), extra))
+            }
             None => Ok((op, extra)),
         }
+    }
+}
+
+/// attnrt's part of an op whose parser wraps tract's expansion ([`OnnxParser::wrap_expansion`]):
+/// checks made before tract's shape rules, and how the node is wired, given tract's expansion
+/// (attnrt's op in its place, a check in front of it, or tract's alone).
+pub(crate) trait Wrapper: std::fmt::Debug + Clone + Send + Sync + 'static {
+    /// The parsed op's name.
+    fn name(&self) -> StaticName;
+
+    /// Rules checked before tract's (none unless a wrapper has some).
+    fn rules<'r, 'p: 'r, 's: 'r>(
+        &'s self,
+        _s: &mut Solver<'r>,
+        _inputs: &'p [TensorProxy],
+    ) -> InferenceResult {
+        Ok(())
+    }
+
+    /// Wires the node into `model`; `tract` is tract's expansion of it.
+    fn wire(
+        &self,
+        tract: &dyn Expansion,
+        prefix: &str,
+        model: &mut TypedModel,
+        inputs: &[OutletId],
+    ) -> TractResult<TVec<OutletId>>;
+}
+
+/// A [`Wrapper`] around tract's expansion: tract's outputs and shape rules after the wrapper's,
+/// the wrapper's wiring.
+#[derive(Debug, Clone)]
+struct Wrapped<W> {
+    wrapper: W,
+    tract: Box<dyn Expansion>,
+}
+
+impl<W: Wrapper> Expansion for Wrapped<W> {
+    fn name(&self) -> StaticName {
+        self.wrapper.name()
+    }
+
+    fn nboutputs(&self) -> TractResult<usize> {
+        Expansion::nboutputs(&*self.tract)
+    }
+
+    fn rules<'r, 'p: 'r, 's: 'r>(
+        &'s self,
+        s: &mut Solver<'r>,
+        inputs: &'p [TensorProxy],
+        outputs: &'p [TensorProxy],
+    ) -> InferenceResult {
+        self.wrapper.rules(s, inputs)?;
+        Expansion::rules(&*self.tract, s, inputs, outputs)
+    }
+
+    fn wire(
+        &self,
+        prefix: &str,
+        model: &mut TypedModel,
+        inputs: &[OutletId],
+    ) -> TractResult<TVec<OutletId>> {
+        self.wrapper.wire(&*self.tract, prefix, model, inputs)
     }
 }
 
