@@ -14,6 +14,11 @@
 //! weights stream from memory), alternating, against the peak of that many cores (on any CPU: the
 //! kernels the set picks there, `gemm` without AVX-512).
 //!
+//! A third table runs the op at the few tokens of a (batched) decode step on the 125M LLaMA
+//! decoder's shapes with cold weights: the process's kernel set (where AVX2 is the best ISA, the
+//! AVX2 panel kernel up to 8 tokens) against the same set with every task on `gemm`
+//! (`ATTNRT_BENCH_DECODE_TOKENS`, default 1,2,4,8,16).
+//!
 //! ```sh
 //! cargo bench -p attnrt-benches --bench projection
 //! ATTNRT_BENCH_ROUNDS=20 ATTNRT_BENCH_LENS=128 cargo bench -p attnrt-benches --bench projection
@@ -104,7 +109,116 @@ fn main() -> Result<()> {
     }
     let threads = env_list("ATTNRT_BENCH_THREADS", &[2])?[0];
     println!("{}", op_table(&lens, rounds, threads, peak)?.render());
+    let decode_tokens = env_list("ATTNRT_BENCH_DECODE_TOKENS", &[1, 2, 4, 8, 16])?;
+    match decode_table(&decode_tokens, rounds, threads)? {
+        Some(table) => println!("{}", table.render()),
+        None => println!("the projection kernel runs no task on a panel kernel: no decode table"),
+    }
     Ok(())
+}
+
+/// The op at the few tokens of a (batched) decode step, weights cold (a pass over ≥ 240 MB of
+/// the 125M LLaMA decoder's projection shapes per sample, as a step streams its weights): the
+/// process's kernel set (the panel kernel up to its limit) against the same set with every
+/// task on `gemm`, alternating, `threads` threads. `None` when the set runs no panel kernel.
+fn decode_table(tokens: &[usize], rounds: usize, threads: usize) -> Result<Option<Table>> {
+    let kernels = KernelSet::resolve()?;
+    let new = *kernels.projection();
+    if new.panel().is_none() {
+        return Ok(None);
+    }
+    let old = new.gemm_only();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
+    let mut table = Table::new(&[
+        "decode: tokens × (k × n)",
+        "panel ms (min)",
+        "gemm ms (min)",
+        "gemm / panel (median)",
+        "panel GB/s",
+        "gemm GB/s",
+        "max |Δ|",
+    ]);
+    // One layer's projections of the decoder (q, k, v, o, gate, up, down) and its lm_head.
+    let layer = [
+        (768, 768),
+        (768, 256),
+        (768, 256),
+        (768, 768),
+        (768, 2048),
+        (768, 2048),
+        (2048, 768),
+    ];
+    for (name, shapes) in [
+        ("layer", &layer[..]),
+        ("lm_head", &[(768usize, 32000usize)][..]),
+    ] {
+        let bytes: usize = shapes.iter().map(|(k, n)| k * n * 4).sum();
+        let copies = (240_000_000 / bytes).max(2);
+        let weights: Vec<PackedWeight> = (0..copies)
+            .flat_map(|c| {
+                shapes
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, &(k, n))| (c * 8 + i, k, n))
+            })
+            .map(|(seed, k, n)| PackedWeight::new(&seeded_values(k * n, 10 + seed as u32), k, n))
+            .collect();
+        for &m in tokens {
+            let xs: Vec<Vec<f32>> = weights
+                .iter()
+                .map(|w| seeded_values(m * w.k(), 1))
+                .collect();
+            let mut ys: Vec<Vec<f32>> = weights.iter().map(|w| vec![0.0; m * w.n()]).collect();
+            let mut last = [Vec::new(), Vec::new()];
+            let mut samples = [Vec::new(), Vec::new()];
+            pool.install(|| {
+                for r in 0..rounds + 1 {
+                    for which in [r % 2, 1 - r % 2] {
+                        let kernel = [&new, &old][which];
+                        let t = Instant::now();
+                        for ((w, x), y) in weights.iter().zip(&xs).zip(ys.iter_mut()) {
+                            let product = Product {
+                                w,
+                                alpha: 1.0,
+                                bias: None,
+                                activation: None,
+                            };
+                            project(kernel, kernels.threads(), x, &product, y, m);
+                        }
+                        if r > 0 {
+                            samples[which].push(t.elapsed().as_secs_f64() * 1e3 / copies as f64);
+                        }
+                        last[which] = ys.last().cloned().unwrap_or_default();
+                    }
+                }
+            });
+            let diff = last[0]
+                .iter()
+                .zip(&last[1])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            let min = |v: &[f64]| v.iter().cloned().fold(f64::INFINITY, f64::min);
+            let ratios: Vec<f64> = samples[1]
+                .iter()
+                .zip(&samples[0])
+                .map(|(g, p)| g / p)
+                .collect();
+            let gbs = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
+            let (p, g) = (min(&samples[0]), min(&samples[1]));
+            table.row(vec![
+                format!("{m} × {name}"),
+                format!("{p:.3}"),
+                format!("{g:.3}"),
+                format!("{:.2}", median(&ratios)),
+                format!("{:.1}", gbs(p)),
+                format!("{:.1}", gbs(g)),
+                format!("{diff:.1e}"),
+            ]);
+        }
+    }
+    Ok(Some(table))
 }
 
 /// The AVX-512 panel kernel against `gemm` on the op's task loop, one thread, paired rounds.

@@ -17,6 +17,8 @@ weight-streaming limit is measured in the same run (``--bandwidth``: a two-threa
 1 GiB array, median of 5): bytes of weights a step reads (every initializer but the embedding
 table, which a step gathers a row from) over that bandwidth.  Prompts are seeded random ids,
 rows of a batch of equal length (no padding: onnxruntime-genai pads on the right).
+``--attnrt-base`` runs a second attnrt binary (e.g. main's build) in the same rounds, for an
+A/B of two builds under the same machine state.
 
 Needs a Python with onnxruntime-genai, onnx and numpy (run with it; the genai side runs
 ``sys.executable`` again with ``--worker``).  Prints one JSON object; ``--out`` saves it.
@@ -74,8 +76,8 @@ def run_genai(args, ids_file: Path) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_attnrt(args, rows: list[list[int]]) -> dict:
-    cmd = [args.attnrt, "generate", str(Path(args.dir) / MODEL), "--json",
+def run_attnrt(args, rows: list[list[int]], binary: str | None = None) -> dict:
+    cmd = [binary or args.attnrt, "generate", str(Path(args.dir) / MODEL), "--json",
            "--max-new-tokens", str(args.new_tokens), "--threads", str(args.threads)]
     for row in rows:
         cmd += ["--prompt-ids", ",".join(map(str, row))]
@@ -134,6 +136,9 @@ def measure(args) -> dict:
                 tmp.write_text(json.dumps(rows))
                 engines = [("attnrt", lambda: run_attnrt(args, rows)),
                            ("onnxruntime-genai", lambda: run_genai(args, tmp))]
+                if args.attnrt_base:
+                    engines.insert(1, ("attnrt-base",
+                                       lambda: run_attnrt(args, rows, args.attnrt_base)))
                 if rnd % 2:
                     engines.reverse()
                 outs = {}
@@ -144,8 +149,8 @@ def measure(args) -> dict:
                         summary(outs[name]["steps_ms"], batch))
                     print(f"round {rnd} {key} {name}: {results[key][name][-1]}",
                           file=sys.stderr, flush=True)
-                agree[f"prompt{length}_batch{batch}"] = (
-                    outs["attnrt"]["rows"] == outs["onnxruntime-genai"]["rows"])
+                agree[f"prompt{length}_batch{batch}"] = all(
+                    out["rows"] == outs["onnxruntime-genai"]["rows"] for out in outs.values())
     tmp.unlink(missing_ok=True)
     return {"results": results, "tokens_equal": agree, "bandwidth_gb_s": [b / 1e9 for b in bandwidths]}
 
@@ -165,6 +170,11 @@ def report(raw: dict, weight_bytes: int) -> dict:
         table[key]["genai_over_attnrt"] = {
             "ttft": theirs["ttft_ms"] / ours["ttft_ms"],
             "per_token": theirs["per_token_ms"] / ours["per_token_ms"]}
+        if "attnrt-base" in table[key]:
+            base = table[key]["attnrt-base"]
+            table[key]["base_over_attnrt"] = {
+                "ttft": base["ttft_ms"] / ours["ttft_ms"],
+                "per_token": base["per_token_ms"] / ours["per_token_ms"]}
     return {"weight_bytes_per_step": weight_bytes, "bandwidth_gb_s": bandwidth / 1e9,
             "weight_streaming_limit_ms": limit_ms, "table": table,
             "tokens_equal": raw["tokens_equal"], "raw": raw}
@@ -177,6 +187,8 @@ def main() -> int:
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--ids", help=argparse.SUPPRESS)
     ap.add_argument("--attnrt", default="target/release/attnrt")
+    ap.add_argument("--attnrt-base", help="an earlier attnrt binary, run in the same rounds "
+                    "(A/B: 'attnrt-base' rows and base_over_attnrt ratios)")
     ap.add_argument("--dir", help="the folder of export_large.py and genai_build.py")
     ap.add_argument("--prompts", default="128,1024")
     ap.add_argument("--batches", default="1,4")

@@ -20,6 +20,11 @@ use crate::threads::ThreadPolicy;
 /// tokens on (`cargo bench -p attnrt-benches --bench projection`).
 const PANEL_KERNEL_TOKENS: usize = 4;
 
+/// Up to this many tokens a projection task runs on the AVX2 panel kernel where AVX2 is the
+/// CPU's best, past it on the `gemm` crate's (measured on the AVX2 VM: see `PanelKernel`'s
+/// `avx2.rs` and `cargo bench -p attnrt-benches --bench projection`).
+const AVX2_PANEL_KERNEL_TOKENS: usize = 8;
+
 /// The kernels of one session. Made only by [`KernelSet::resolve`] or [`KernelSet::for_isa`],
 /// which check that the CPU runs the ISA: holding a set is what lets the kernels run its SIMD
 /// builds without checking again.
@@ -85,7 +90,13 @@ impl KernelSet {
                 };
                 ProjectionKernel::new(Some((PanelKernel::new(isa), most)), Some(act))
             }
-            // gemm picks the CPU's best path itself, which is this one.
+            // gemm picks the CPU's best path itself, which is this one; the few tokens of a
+            // decode step run on attnrt's AVX2 build, which reads each panel once for all of them.
+            // No epilogue: activations stay tract's ops, as with gemm alone.
+            Isa::Avx2 if !lowered => ProjectionKernel::new(
+                Some((PanelKernel::new(isa), AVX2_PANEL_KERNEL_TOKENS)),
+                None,
+            ),
             _ if !lowered => ProjectionKernel::new(None, None),
             _ => ProjectionKernel::new(Some((PanelKernel::new(isa), usize::MAX)), None),
         };
@@ -212,10 +223,13 @@ mod tests {
     }
 
     #[test]
-    fn a_cpu_s_best_path_below_avx512_keeps_the_libraries_kernels() {
-        for best in [Isa::Avx2, Isa::Scalar] {
+    fn a_cpu_s_best_path_below_avx512_keeps_the_libraries_kernels_past_a_few_tokens() {
+        for (best, kernel) in [
+            (Isa::Avx2, "gemm (attnrt's panel kernel (avx2) up to 8 tokens)"),
+            (Isa::Scalar, "gemm"),
+        ] {
             let set = KernelSet::choose(best, &cpu(best, None), Route::Auto);
-            assert_eq!(set.projection().to_string(), "gemm");
+            assert_eq!(set.projection().to_string(), kernel);
             assert!(!set.projection().epilogue());
             assert_eq!(set.standalone_act(), StandaloneAct::Caller);
         }

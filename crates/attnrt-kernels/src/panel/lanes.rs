@@ -1,8 +1,8 @@
-//! The panel kernel over lane arrays (`crate::lanes`): the AVX2+FMA and portable builds. One
-//! token at a time against a block of [`KC`] panel rows (32 KB, in L1 while the block's tokens
-//! use it), the panel's 64 outputs in four 16-lane accumulators (eight AVX2 registers).
+//! The panel kernel over lane arrays (`crate::lanes`): the portable build (and the stores of the
+//! AVX2 one). One token at a time against a block of [`KC`] panel rows (32 KB, in L1 while the
+//! block's tokens use it), the panel's 64 outputs in four 16-lane accumulators.
 
-use super::{Onto, PanelProduct, PANEL};
+use super::{Onto, PanelProduct, PANEL, STRIP};
 use crate::act::lanes::apply;
 use crate::lanes::{load, madd_lanes};
 
@@ -10,7 +10,7 @@ use crate::lanes::{load, madd_lanes};
 const KC: usize = 128;
 
 /// Lanes per accumulator; `PANEL / L` accumulators.
-const L: usize = 16;
+const L: usize = STRIP;
 
 /// [`super::panel_product_raw`] on lane arrays.
 ///
@@ -56,40 +56,46 @@ unsafe fn store<const FMA: bool>(
     after_first: bool,
     last: bool,
 ) {
-    let alpha = [p.alpha; L];
     for (j, acc_j) in acc.iter().enumerate() {
-        let c0 = j * L;
-        if c0 >= p.width {
+        if j * L >= p.width {
             break;
         }
-        let lanes = (p.width - c0).min(L);
-        let mut addend = [0.0f32; L];
-        let from = match p.onto {
-            _ if after_first => Some(yr.add(c0) as *const f32),
-            Onto::Zero => None,
-            Onto::Output => Some(yr.add(c0) as *const f32),
-            Onto::Row(row) => Some(row.as_ptr().add(c0)),
-        };
-        if let Some(from) = from {
-            std::ptr::copy_nonoverlapping(from, addend.as_mut_ptr(), lanes);
-        }
-        let mut v = madd_lanes::<FMA, L>(alpha, *acc_j, addend);
-        if let (true, Some(act)) = (last, p.activation) {
-            v = apply::<FMA, L>(act, v);
-        }
-        std::ptr::copy_nonoverlapping(v.as_ptr(), yr.add(c0), lanes);
+        // SAFETY: as the caller vouches.
+        unsafe { store_strip::<FMA>(p, j, acc_j, yr, after_first, last) };
     }
 }
 
-/// [`super::panel_product_raw`] compiled for AVX2+FMA.
+/// [`store`] of strip `j` (the token's outputs `j·STRIP..`, `j·STRIP < p.width`) only; the
+/// AVX2 build (`avx2.rs`) stores its strips with it.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; otherwise as [`product`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn product_avx2(p: &PanelProduct, y: *mut f32, y_stride: usize) {
-    // SAFETY: as the caller vouches.
-    unsafe { product::<true>(p, y, y_stride) }
+/// `yr..yr + p.width` is the caller's.
+#[inline(always)]
+pub(super) unsafe fn store_strip<const FMA: bool>(
+    p: &PanelProduct,
+    j: usize,
+    acc_j: &[f32; STRIP],
+    yr: *mut f32,
+    after_first: bool,
+    last: bool,
+) {
+    let c0 = j * L;
+    let lanes = (p.width - c0).min(L);
+    let mut addend = [0.0f32; L];
+    let from = match p.onto {
+        _ if after_first => Some(yr.add(c0) as *const f32),
+        Onto::Zero => None,
+        Onto::Output => Some(yr.add(c0) as *const f32),
+        Onto::Row(row) => Some(row.as_ptr().add(c0)),
+    };
+    if let Some(from) = from {
+        std::ptr::copy_nonoverlapping(from, addend.as_mut_ptr(), lanes);
+    }
+    let mut v = madd_lanes::<FMA, L>([p.alpha; L], *acc_j, addend);
+    if let (true, Some(act)) = (last, p.activation) {
+        v = apply::<FMA, L>(act, v);
+    }
+    std::ptr::copy_nonoverlapping(v.as_ptr(), yr.add(c0), lanes);
 }
 
 /// [`super::panel_product_raw`] for the baseline target.

@@ -7,10 +7,13 @@
 //! `MR × 4` accumulators (`MR` = 6 tokens) in registers; per input feature it loads the panel
 //! row once and broadcasts one input value per token, so the tokens are read in place (no copy
 //! of `x`) and the weight is never repacked per call. That is the AVX-512 build
-//! (`avx512.rs`); `lanes.rs` holds the AVX2+FMA and portable builds (one token at a time, the
-//! panel row in lane arrays), which [`PanelKernel`] picks where the CPU, or
-//! `ATTNRT_KERNEL_ISA`, allows no AVX-512.
+//! (`avx512.rs`); `avx2.rs` is the AVX2+FMA build (one token at a time over a 16 KB block of
+//! the panel, the next block prefetched: for the few tokens of a decode step, where the weights
+//! stream from memory) and `lanes.rs` the portable one (the same order, in lane arrays), which
+//! [`PanelKernel`] picks where the CPU, or `ATTNRT_KERNEL_ISA`, allows no AVX-512.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod lanes;
@@ -41,6 +44,9 @@ pub const PANEL: usize = 64;
 
 /// Tokens per register tile.
 const MR: usize = 6;
+
+/// Output features per strip of the AVX2 and portable builds: one 64-byte line of a panel row.
+const STRIP: usize = 16;
 
 /// One product: `y[t][i] = act(alpha · Σₖₖ x[t][kk] · panel[kk·PANEL + i] + addend)` for
 /// `t < tokens`, `i < width`, the addend given by [`PanelProduct::onto`], `act` by
@@ -125,7 +131,7 @@ pub unsafe fn panel_product_raw(
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => avx512::product(p, y, y_stride),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => lanes::product_avx2(p, y, y_stride),
+            Isa::Avx2 => avx2::product(p, y, y_stride),
             _ => lanes::product_portable(p, y, y_stride),
         }
     }
@@ -141,6 +147,85 @@ mod tests {
     fn matches_a_naive_product_on_every_isa_tile_height_width_addend_and_activation() {
         for isa in Isa::available() {
             matches_a_naive_product(PanelKernel::new(isa));
+        }
+    }
+
+    /// The output of `tokens` rows of `x` times `panel` (a bias row, GELU at the last block).
+    /// The data is made once by the caller: `ramp`'s `sin` may be folded at compile time where
+    /// it is inlined, one ulp away from the run-time value.
+    fn product_of(
+        kernel: PanelKernel,
+        x: &[f32],
+        tokens: usize,
+        data: &(Vec<f32>, Vec<f32>),
+    ) -> Vec<f32> {
+        let (panel, row) = data;
+        let (k, width) = (x.len() / tokens, row.len());
+        let mut y = vec![0.0f32; tokens * width];
+        let p = PanelProduct {
+            x,
+            x_stride: k,
+            tokens,
+            k,
+            panel,
+            width,
+            alpha: 0.75,
+            onto: Onto::Row(row),
+            activation: Some(Activation::GeluTanh),
+        };
+        panel_product(kernel, &p, &mut y, width);
+        y
+    }
+
+    /// A panel of `k` rows and a bias row of `width`.
+    fn panel_data(k: usize, width: usize) -> (Vec<f32>, Vec<f32>) {
+        (ramp(k * PANEL, 0.2), ramp(width, 0.4))
+    }
+
+    #[test]
+    fn a_token_s_outputs_do_not_depend_on_the_other_tokens_of_the_call() {
+        // A batch row's decode step must give what the row alone gives: every token group of
+        // the AVX2 build sums in the same order.
+        let (tokens, k, width) = (7, 300, 53);
+        let x = ramp(tokens * k, 0.1);
+        let data = panel_data(k, width);
+        for isa in Isa::available() {
+            let kernel = PanelKernel::new(isa);
+            let all = product_of(kernel, &x, tokens, &data);
+            for t in 0..tokens {
+                let alone = product_of(kernel, &x[t * k..(t + 1) * k], 1, &data);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&all[t * width..(t + 1) * width]),
+                    bits(&alone),
+                    "{isa:?}: token {t} of {tokens}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_avx2_build_matches_the_portable_one() {
+        if !Isa::available().contains(&Isa::Avx2) {
+            return;
+        }
+        for (tokens, k, width) in [
+            (1, 768, 64),
+            (2, 129, 64),
+            (3, 257, 40),
+            (4, 768, 64),
+            (9, 64, 16),
+        ] {
+            let x = ramp(tokens * k, 0.1);
+            let data = panel_data(k, width);
+            let avx2 = product_of(PanelKernel::new(Isa::Avx2), &x, tokens, &data);
+            let portable = product_of(PanelKernel::new(Isa::Scalar), &x, tokens, &data);
+            for (i, (a, b)) in avx2.iter().zip(&portable).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "tokens {tokens} k {k} width {width}: [{i}] avx2 {a}, portable {b}"
+                );
+            }
         }
     }
 

@@ -39,6 +39,15 @@ impl ProjectionKernel {
         self.panel
     }
 
+    /// This kernel with every task on `gemm` (benchmarks compare it with the panel kernel in
+    /// one run); an epilogue stays, `gemm` blocks take it too.
+    pub fn gemm_only(self) -> Self {
+        ProjectionKernel {
+            panel: None,
+            ..self
+        }
+    }
+
     /// Whether a projection can apply an activation as it stores its output (a `Gelu` after it
     /// folds in).
     pub fn epilogue(&self) -> bool {
