@@ -225,7 +225,10 @@ mod tests {
     #[test]
     fn a_cpu_s_best_path_below_avx512_keeps_the_libraries_kernels_past_a_few_tokens() {
         for (best, kernel) in [
-            (Isa::Avx2, "gemm (attnrt's panel kernel (avx2) up to 8 tokens)"),
+            (
+                Isa::Avx2,
+                "gemm (attnrt's panel kernel (avx2) up to 8 tokens)",
+            ),
             (Isa::Scalar, "gemm"),
         ] {
             let set = KernelSet::choose(best, &cpu(best, None), Route::Auto);

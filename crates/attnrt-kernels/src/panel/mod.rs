@@ -8,8 +8,8 @@
 //! row once and broadcasts one input value per token, so the tokens are read in place (no copy
 //! of `x`) and the weight is never repacked per call. That is the AVX-512 build
 //! (`avx512.rs`); `avx2.rs` is the AVX2+FMA build (one token at a time over a 16 KB block of
-//! the panel, the next block prefetched: for the few tokens of a decode step, where the weights
-//! stream from memory) and `lanes.rs` the portable one (the same order, in lane arrays), which
+//! the panel, read from memory once for all: for the few tokens of a decode step, where the
+//! weights stream from memory) and `lanes.rs` the portable one (in lane arrays), which
 //! [`PanelKernel`] picks where the CPU, or `ATTNRT_KERNEL_ISA`, allows no AVX-512.
 
 #[cfg(target_arch = "x86_64")]
