@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -126,7 +127,8 @@ def weight_bytes_per_step(model: Path) -> int:
 
 def measure(args) -> dict:
     results, agree = {}, {}
-    tmp = Path(args.dir) / "genai_bench_ids.json"
+    # One file per run: other runs may share the folder.
+    tmp = Path(args.dir) / f"genai_bench_ids.{os.getpid()}.json"
     bandwidths = []
     for rnd in range(args.rounds):
         bandwidths.append(read_bandwidth(threads=args.threads))
