@@ -21,8 +21,10 @@ use crate::threads::ThreadPolicy;
 const PANEL_KERNEL_TOKENS: usize = 4;
 
 /// Up to this many tokens a projection task runs on the AVX2 panel kernel where AVX2 is the
-/// CPU's best, past it on the `gemm` crate's (measured on the AVX2 VM: see `PanelKernel`'s
-/// `avx2.rs` and `cargo bench -p attnrt-benches --bench projection`).
+/// CPU's best, past it on the `gemm` crate's. On the AVX2 VM (AMD EPYC, 2 threads, the 125M
+/// decoder's weights cold, paired rounds): 1.13–1.20× gemm's speed at 1 token, 1.65× at 2,
+/// 1.27–1.49× at 4, 1.08–1.22× at 8; at 4 tokens the lm_head costs what it costs at 1
+/// (`cargo bench -p attnrt-benches --bench projection`, decode table).
 const AVX2_PANEL_KERNEL_TOKENS: usize = 8;
 
 /// The kernels of one session. Made only by [`KernelSet::resolve`] or [`KernelSet::for_isa`],
