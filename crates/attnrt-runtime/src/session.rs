@@ -18,7 +18,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::infer::InferenceFact;
 
 use crate::guard::guarded;
-use crate::options::SessionOptions;
+use crate::options::{SessionOptions, ShapePolicy};
 use crate::plan::{PlanCache, PlanKey, PlanStats};
 use crate::profile::{OpKinds, Profile};
 use crate::registry::{onnx_frontend_with, OpCounts};
@@ -135,7 +135,7 @@ impl Session {
             .iter()
             .map(|spec| session.find_input(inputs, &spec.name))
             .collect::<Result<_>>()?;
-        session.plan_for(&refs)?;
+        session.plan_for(&refs, &session.options.shapes)?;
         Ok(session)
     }
 
@@ -213,14 +213,28 @@ impl Session {
             .iter()
             .map(|spec| self.find_input(inputs, &spec.name).cloned())
             .collect::<Result<_>>()?;
-        self.run_ordered(used, profile)
+        self.run_ordered(used, profile, &self.options.shapes)
     }
 
     /// Runs the model once, consuming `inputs` (same rules as [`Session::run`]): the tensors
     /// move into tract without a copy, so the run's extra memory is the graph's intermediates
     /// and outputs only. Inputs the graph does not use are dropped.
     pub fn run_owned(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
-        Ok(self.run_ordered(self.order_inputs(inputs)?, false)?.0)
+        self.run_owned_with(inputs, &self.options.shapes)
+    }
+
+    /// [`Session::run_owned`] on the plan `policy` chooses for these inputs, in place of the
+    /// session's [`SessionOptions::shapes`]: e.g. a decoder's prompt planned with its length
+    /// symbolic, where the session keeps the past length symbolic for the decode steps. The
+    /// plans of every policy share the session's cache.
+    pub fn run_owned_with(
+        &self,
+        inputs: Vec<NamedTensor>,
+        policy: &ShapePolicy,
+    ) -> Result<Vec<NamedTensor>> {
+        Ok(self
+            .run_ordered(self.order_inputs(inputs)?, false, policy)?
+            .0)
     }
 
     /// [`Session::run_owned`], timing every node as [`Session::run_profiled`] does.
@@ -229,7 +243,8 @@ impl Session {
         inputs: Vec<NamedTensor>,
     ) -> Result<(Vec<NamedTensor>, Profile)> {
         let started = std::time::Instant::now();
-        let (outputs, profile) = self.run_ordered(self.order_inputs(inputs)?, true)?;
+        let ordered = self.order_inputs(inputs)?;
+        let (outputs, profile) = self.run_ordered(ordered, true, &self.options.shapes)?;
         let mut profile = profile.unwrap_or_default();
         profile.set_wall(started.elapsed());
         Ok((outputs, profile))
@@ -250,27 +265,34 @@ impl Session {
         Ok(ordered)
     }
 
-    /// Runs on the graph's inputs in order, moving them into tract.
     /// Makes the plan that will serve inputs of these shapes and element types (the values of
     /// `inputs` are not read), so that the run that needs it does not wait for it: e.g. the
     /// decode steps' plan, made while a generation's prompt runs. Nothing is made when a plan
     /// serves them already.
     pub fn prepare(&self, inputs: &[NamedTensor]) -> Result<()> {
+        self.prepare_with(inputs, &self.options.shapes)
+    }
+
+    /// [`Session::prepare`] for the runs of [`Session::run_owned_with`] under `policy`.
+    pub fn prepare_with(&self, inputs: &[NamedTensor], policy: &ShapePolicy) -> Result<()> {
         let used: Vec<&NamedTensor> = self
             .inputs
             .iter()
             .map(|spec| self.find_input(inputs, &spec.name))
             .collect::<Result<_>>()?;
-        self.plan_for(&used).map(drop)
+        self.plan_for(&used, policy).map(drop)
     }
 
+    /// Runs on the graph's inputs in order, moving them into tract, on the plan `policy`
+    /// chooses.
     fn run_ordered(
         &self,
         ordered: Vec<NamedTensor>,
         profile: bool,
+        policy: &ShapePolicy,
     ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
         let refs: Vec<&NamedTensor> = ordered.iter().collect();
-        let plan = self.plan_for(&refs)?;
+        let plan = self.plan_for(&refs, policy)?;
         let shapes: Vec<(DatumType, Vec<usize>)> = ordered
             .iter()
             .map(|t| (t.tensor.datum_type(), t.tensor.shape().to_vec()))

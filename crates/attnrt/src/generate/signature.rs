@@ -58,6 +58,8 @@ pub struct DecoderSignature {
     pub past_dim: String,
     /// The `dim_param` of the attention mask's length, when it is its own name.
     pub total_dim: Option<String>,
+    /// The `dim_param` of the tokens fed in a step (axis 1 of the token ids), when it has one.
+    pub sequence_dim: Option<String>,
     /// The boolean input that chooses a merged decoder's branch (optimum's
     /// `use_cache_branch`): fed false on the first step (no cache yet), true after.
     pub cache_branch: Option<String>,
@@ -171,6 +173,12 @@ impl DecoderSignature {
             .and_then(|i| dims(i))
             .and_then(|(_, d)| d.get(1).and_then(param).map(str::to_string))
             .filter(|t| *t != past_dim);
+        let sequence_dim = inputs
+            .iter()
+            .find(|i| i.name == input_ids)
+            .and_then(|i| dims(i))
+            .and_then(|(_, d)| d.get(1).and_then(param).map(str::to_string))
+            .filter(|s| *s != past_dim);
         let presents: Vec<&CacheSlot> = cache.iter().chain(&cross_cache).collect();
         let (logits, vocab) = logits_output(&outputs, &presents, what)?;
         Ok(DecoderSignature {
@@ -186,6 +194,7 @@ impl DecoderSignature {
             vocab,
             past_dim,
             total_dim,
+            sequence_dim,
             cache_branch,
         })
     }
@@ -240,6 +249,19 @@ impl DecoderSignature {
         std::iter::once(self.past_dim.clone())
             .chain(self.total_dim.clone())
             .collect()
+    }
+
+    /// The `dim_param`s a prompt's plan keeps symbolic, so that one plan serves every prompt
+    /// length: the tokens fed (the anchor), then the mask's length (the prompt's length too, its
+    /// past being empty); the past length is bound (to 0). `None` when the token ids' length
+    /// has no name of its own.
+    pub fn prompt_dims(&self) -> Option<Vec<String>> {
+        let sequence = self.sequence_dim.clone()?;
+        Some(
+            std::iter::once(sequence)
+                .chain(self.total_dim.clone())
+                .collect(),
+        )
     }
 }
 
