@@ -283,6 +283,18 @@ impl Session {
         self.plan_for(&used, policy).map(drop)
     }
 
+    /// Makes the plan `policy` keys these inputs by, as [`Session::prepare_with`] does, or
+    /// returns why tract cannot make it: no concrete plan is made in its place and nothing is
+    /// recorded against the key, so a caller can try another policy.
+    pub fn try_prepare_with(&self, inputs: &[NamedTensor], policy: &ShapePolicy) -> Result<()> {
+        let used: Vec<&NamedTensor> = self
+            .inputs
+            .iter()
+            .map(|spec| self.find_input(inputs, &spec.name))
+            .collect::<Result<_>>()?;
+        self.plan_exactly(&used, policy)
+    }
+
     /// Runs on the graph's inputs in order, moving them into tract, on the plan `policy`
     /// chooses.
     fn run_ordered(

@@ -419,10 +419,19 @@ fn a_padded_batch_gives_each_row_the_tokens_of_its_prompt_alone() {
             assert_eq!(row.tokens, alone.tokens, "{file}: prompt {prompt:?}");
         }
         assert_eq!(report.tokens, report.rows[0].tokens, "{file}");
-        // the single row's prompt and decode plans, made when the generator was built (they do
-        // not serve a batch of 3; they serve every prompt alone, whatever its length), then one
-        // plan for the batch's prompt and one for every decode step of the batch
-        assert_eq!(report.plans.built, 4, "{file}: {:?}", report.plans);
+        // the prompt's plan and the single row's decode plan, made when the generator was built
+        // (the prompt's serves every prompt, whatever its length and batch), then one plan for
+        // every decode step of the batch of 3
+        // (only for the dynamo exports: tract cannot plan the others' prompt with its batch
+        // symbolic too, e.g. GPT-2's TorchScript export flattens `[batch, sequence]`; so there
+        // the batch's prompt has a plan of its own)
+        let want = if file.contains("dynamo") { 3 } else { 4 };
+        assert_eq!(report.plans.built, want, "{file}: {:?}", report.plans);
+        assert!(
+            report.plans.refusals.is_empty(),
+            "{file}: {:?}",
+            report.plans
+        );
     }
 }
 

@@ -53,6 +53,21 @@ impl Session {
         }
     }
 
+    /// Makes the plan `policy` keys `inputs` by, unless cached: its failure is returned, with no
+    /// concrete plan in its place and nothing recorded.
+    pub(super) fn plan_exactly(&self, inputs: &[&NamedTensor], policy: &ShapePolicy) -> Result<()> {
+        let key = self.key_for(inputs, policy)?;
+        let cached = self
+            .plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key);
+        match cached {
+            Some(_) => Ok(()),
+            None => self.build_plan(&key).map(drop),
+        }
+    }
+
     fn build_plan(&self, key: &PlanKey) -> Result<Plan> {
         let started = std::time::Instant::now();
         let plan = self.threads.install(|| {

@@ -14,7 +14,9 @@ impl Session {
     /// own). Refuses an input whose rank differs from the declared one.
     pub(super) fn key_for(&self, inputs: &[&NamedTensor], policy: &ShapePolicy) -> Result<PlanKey> {
         let anchor = match policy {
-            ShapePolicy::DynamicDims(names) => names.first().cloned(),
+            ShapePolicy::DynamicDims(names) | ShapePolicy::DynamicDimsFree { tied: names, .. } => {
+                names.first().cloned()
+            }
             _ => None,
         };
         let anchor_value = anchor.as_ref().and_then(|a| self.symbol_value(a, inputs));
@@ -79,8 +81,8 @@ impl Session {
 }
 
 /// How `axis` of an input is planned under `policy`: symbolic when it keeps its declared name
-/// symbolic and the file does not fix its size (a size the file fixes but the caller
-/// contradicts is bound, as given); tied to the anchor for the other kept names.
+/// symbolic (as the anchor, or free) and the file does not fix its size (a size the file fixes
+/// but the caller contradicts is bound, as given); tied to the anchor for the other kept names.
 fn dim_key(
     policy: &ShapePolicy,
     fact: &InferenceFact,
@@ -91,12 +93,18 @@ fn dim_key(
     if plan::declared_static(fact, axis).is_some() {
         return DimKey::Bound(size);
     }
-    let names = match policy {
+    let (names, free) = match policy {
         ShapePolicy::PerShape => return DimKey::Bound(size),
         ShapePolicy::Dynamic => return DimKey::Symbolic,
-        ShapePolicy::DynamicDims(names) => names,
+        ShapePolicy::DynamicDims(names) => (names, &[][..]),
+        ShapePolicy::DynamicDimsFree { tied, free } => (tied, &free[..]),
     };
     let syms = plan::declared_symbols(fact, axis);
+    if let [sym] = &syms[..] {
+        if free.contains(sym) {
+            return DimKey::Symbolic;
+        }
+    }
     let kept = !syms.is_empty() && syms.iter().all(|s| names.contains(s));
     // An expression over the anchor and names other axes bind (optimum's mask, `[batch,
     // past_sequence_length + sequence_length]`): its size less the anchor's is the bound

@@ -4,8 +4,9 @@
 //! (`step.rs`); a row that made its end-of-sequence token is finished and no longer changes.
 //! One [`Session`] serves every step: the past length stays symbolic in the decode steps' plans
 //! ([`ShapePolicy::DynamicDims`]) and the prompt's length in the prompt's, so a step costs the
-//! step. A decoder-only model's prompt plan and single-row decode plan are made when the
-//! generator is built; another batch size's decode plan is made while its prompt runs. A step's
+//! step. A decoder-only model's prompt plan (its batch symbolic too) and single-row decode plan
+//! are made when the generator is built; another batch size's decode plan is made while its
+//! prompt runs. A step's
 //! logits are computed at its last position only where the graph allows it exactly
 //! (`last_position.rs`): the prompt's other positions never choose a token.
 //!
@@ -122,9 +123,10 @@ pub struct StepReport {
     pub tokens: Vec<Option<i64>>,
     /// Wall time of the model run, in milliseconds (the reference's not included).
     pub ms: f64,
-    /// The time spent making plans while the step ran, in milliseconds: the prompt's plan, and
+    /// The time spent making plans while the step ran, in milliseconds: for the prefill, the
+    /// prompt's plan when none served it yet (a single row's is made with the generator), and
     /// the decode steps' plan, made on its own thread alongside the prompt (so the prefill's
-    /// figure may exceed its wall time, and the decode steps' is 0).
+    /// figure may exceed its wall time); the decode steps' is 0.
     pub planning_ms: f64,
     /// The lockstep comparison, with a check.
     pub check: Option<StepCheck>,
@@ -214,8 +216,8 @@ pub struct Generator {
     first_step: Option<(Session, Option<Session>)>,
     /// The decoder's name in errors.
     what: String,
-    /// How the prompt step's plan is keyed (its length symbolic), when the decoder's token ids
-    /// name their length; `None`: as the decode steps'.
+    /// How the prompt step's plan is keyed (its length and batch symbolic), when the decoder's
+    /// token ids name their length; `None`: as the decode steps'.
     prompt_policy: Option<ShapePolicy>,
     /// Whether the decoder's logits are computed at the last position only (`last_position.rs`).
     last_position: bool,
@@ -279,11 +281,8 @@ impl Generator {
             what,
             &options,
         )?;
-        let generator = Generator {
-            prompt_policy: signature
-                .prompt_dims()
-                .filter(|_| decoder_only)
-                .map(ShapePolicy::DynamicDims),
+        let mut generator = Generator {
+            prompt_policy: None,
             signature,
             context,
             session: Arc::new(session),
@@ -294,28 +293,30 @@ impl Generator {
             last_position: sliced.is_some(),
         };
         if decoder_only {
-            generator.prepare_first_steps();
+            generator.prompt_policy = generator.prepare_first_steps();
         }
         Ok(generator)
     }
 
-    /// Makes the plans of a single row's prompt (its length symbolic, so it serves every prompt
-    /// length) and decode steps (the past length symbolic) while the model loads: the first
-    /// token then costs the prompt's compute, not a plan, and the prompt step does not share
-    /// the cores with making the decode steps' plan. Not for encoder–decoders (their steps'
-    /// shapes follow the encoder's); a plan that cannot be made now is made by the step that
-    /// needs it, as for other batch sizes.
-    fn prepare_first_steps(&self) {
-        let Ok(prompt) = StepInputs::prefill(&self.signature, &[vec![0]], None) else {
-            return;
-        };
-        // A failure here is the step's to report, when it comes.
-        if let (Some(policy), Ok(shapes)) = (&self.prompt_policy, prompt.clone().take_tensors()) {
-            let _ = self.session.prepare_with(&shapes, policy);
-        }
+    /// Makes the prompt's plan (its length and batch symbolic, so it serves every prompt) and a
+    /// single row's decode steps' plan (the past length symbolic) while the model loads: the
+    /// first token then costs the prompt's compute, not a plan, and a single row's prompt step
+    /// does not share the cores with making the decode steps' plan. Not for encoder–decoders
+    /// (their steps' shapes follow the encoder's); a plan that cannot be made now is made by
+    /// the step that needs it, as another batch size's decode plan is.
+    /// Returns how the prompt's plan is keyed (the first of
+    /// [`DecoderSignature::prompt_shapes`] tract can plan).
+    fn prepare_first_steps(&self) -> Option<ShapePolicy> {
+        let prompt = StepInputs::prefill(&self.signature, &[vec![0]], None).ok()?;
+        let policy = prompt.clone().take_tensors().ok().and_then(|shapes| {
+            let mut policies = self.signature.prompt_shapes().into_iter();
+            policies.find(|p| self.session.try_prepare_with(&shapes, p).is_ok())
+        });
+        // A failure here is the decode step's to report, when it comes.
         if let Ok(shapes) = prompt.next_step_shapes(&self.signature) {
             let _ = self.session.prepare(&shapes);
         }
+        policy
     }
 
     /// Whether the decoder's logits are computed at the last position of a step only (the
