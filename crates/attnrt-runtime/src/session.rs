@@ -130,12 +130,7 @@ impl Session {
         options: &SessionOptions,
     ) -> Result<Session> {
         let session = Session::new(model, threads, what, options)?;
-        let refs: Vec<&NamedTensor> = session
-            .inputs
-            .iter()
-            .map(|spec| session.find_input(inputs, &spec.name))
-            .collect::<Result<_>>()?;
-        session.plan_for(&refs, &session.options.shapes)?;
+        session.prepare(inputs)?;
         Ok(session)
     }
 
@@ -275,24 +270,14 @@ impl Session {
 
     /// [`Session::prepare`] for the runs of [`Session::run_owned_with`] under `policy`.
     pub fn prepare_with(&self, inputs: &[NamedTensor], policy: &ShapePolicy) -> Result<()> {
-        let used: Vec<&NamedTensor> = self
-            .inputs
-            .iter()
-            .map(|spec| self.find_input(inputs, &spec.name))
-            .collect::<Result<_>>()?;
-        self.plan_for(&used, policy).map(drop)
+        self.plan_for(&self.inputs_of(inputs)?, policy).map(drop)
     }
 
     /// Makes the plan `policy` keys these inputs by, as [`Session::prepare_with`] does, or
     /// returns why tract cannot make it: no concrete plan is made in its place and nothing is
     /// recorded against the key, so a caller can try another policy.
     pub fn try_prepare_with(&self, inputs: &[NamedTensor], policy: &ShapePolicy) -> Result<()> {
-        let used: Vec<&NamedTensor> = self
-            .inputs
-            .iter()
-            .map(|spec| self.find_input(inputs, &spec.name))
-            .collect::<Result<_>>()?;
-        self.plan_exactly(&used, policy)
+        self.plan_exactly(&self.inputs_of(inputs)?, policy)
     }
 
     /// Runs on the graph's inputs in order, moving them into tract, on the plan `policy`
@@ -314,6 +299,14 @@ impl Session {
             .map(|t| t.tensor.into_tvalue())
             .collect();
         self.run_plan_shapes(plan, values, &shapes, profile)
+    }
+
+    /// The graph's inputs, in order, found by name in `inputs`.
+    fn inputs_of<'a>(&self, inputs: &'a [NamedTensor]) -> Result<Vec<&'a NamedTensor>> {
+        self.inputs
+            .iter()
+            .map(|spec| self.find_input(inputs, &spec.name))
+            .collect()
     }
 
     fn find_input<'a>(&self, inputs: &'a [NamedTensor], name: &str) -> Result<&'a NamedTensor> {
