@@ -32,6 +32,7 @@
 
 pub mod attention;
 pub mod divide;
+mod embedding;
 pub mod gather;
 pub mod gelu;
 mod guard;
