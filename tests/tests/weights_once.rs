@@ -10,6 +10,7 @@
 
 use std::path::Path;
 
+use attnrt::harness::{compare, CompareOptions};
 use attnrt_onnx::{load_model, save_model, DataType, Limits, ModelProto, SaveOptions};
 use attnrt_runtime::{NamedTensor, Session, SessionOptions, Tensor, Threads};
 use attnrt_testkit::{node, seeded_values, tensor_f32, value_info, GraphBuilder};
@@ -20,6 +21,7 @@ mod counting {
 
     static CURRENT: AtomicUsize = AtomicUsize::new(0);
     static PEAK: AtomicUsize = AtomicUsize::new(0);
+    static TOTAL: AtomicUsize = AtomicUsize::new(0);
 
     /// The system allocator, counting live bytes and their peak.
     pub struct Counting;
@@ -29,6 +31,7 @@ mod counting {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
             let p = System.alloc(layout);
             if !p.is_null() {
+                TOTAL.fetch_add(layout.size(), Ordering::Relaxed);
                 let now = CURRENT.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
                 PEAK.fetch_max(now, Ordering::Relaxed);
             }
@@ -47,6 +50,13 @@ mod counting {
         PEAK.store(before, Ordering::Relaxed);
         let r = f();
         (r, PEAK.load(Ordering::Relaxed).saturating_sub(before))
+    }
+
+    /// Runs `f`; returns its result and the bytes it allocated in all (freed or not).
+    pub fn allocated<R>(f: impl FnOnce() -> R) -> (R, usize) {
+        let before = TOTAL.load(Ordering::Relaxed);
+        let r = f();
+        (r, TOTAL.load(Ordering::Relaxed) - before)
     }
 }
 
@@ -101,7 +111,16 @@ fn model() -> (ModelProto, usize) {
             &[&y],
         ));
     }
-    g.node(node("out", "Identity", &[&format!("x{LAYERS}")], &["y"]));
+    // BERT's GELU, `x · 0.5 · (1 + erf(x / √2))`: fused, so `attnrt run` has two paths.
+    let x = format!("x{LAYERS}");
+    g.initializer(tensor_f32("sqrt2", &[], &[std::f32::consts::SQRT_2]));
+    g.initializer(tensor_f32("one", &[], &[1.0]));
+    g.initializer(tensor_f32("half", &[], &[0.5]));
+    g.node(node("gelu_div", "Div", &[&x, "sqrt2"], &["scaled"]));
+    g.node(node("gelu_erf", "Erf", &["scaled"], &["t"]));
+    g.node(node("gelu_add", "Add", &["t", "one"], &["one_plus"]));
+    g.node(node("gelu_mul", "Mul", &[&x, "one_plus"], &["x_one_plus"]));
+    g.node(node("gelu_half", "Mul", &["x_one_plus", "half"], &["y"]));
     g.output(value_info(
         "y",
         DataType::Float,
@@ -191,6 +210,26 @@ fn weights_are_held_once_through_load_fuse_and_run() {
         let reference = load_fuse_run(path, &threads, &tract);
         assert!(max_abs_diff(&outputs, &reference) < 1e-3);
     }
+
+    // `attnrt run`'s comparison (the fused path, then the unfused one) packs each weight once:
+    // the unfused session is built while the fused one still holds the packed weights.
+    let loaded = load_model(&external, &Limits::default()).unwrap();
+    let (cmp, allocated) = counting::allocated(|| {
+        let options = CompareOptions::default();
+        compare(&loaded.model, "w", &ids(), None, &threads, &options).unwrap()
+    });
+    assert!(cmp.fused.is_some() && cmp.unfused.is_some() && cmp.ok());
+    let ratio = allocated as f64 / weight_bytes as f64;
+    eprintln!(
+        "compare: {:.1} MB allocated in all ({ratio:.2}× the weights)",
+        allocated as f64 / 1e6
+    );
+    // One packing (1×) and two sessions' graphs, plans and activations (0.8× here); packing
+    // again for the unfused session, as when the fused one was dropped first, made it 2.8×.
+    assert!(
+        ratio < 2.3,
+        "the fused and unfused sessions allocated {ratio:.2}× the weights"
+    );
 
     // A second session of the same loaded model shares the first one's weights.
     let loaded = load_model(&inline, &Limits::default()).unwrap();
