@@ -197,9 +197,10 @@ fn weights_are_held_once_through_load_fuse_and_run() {
             weight_bytes as f64 / 1e6
         );
         // The packed and constant weights (1×), the activations (tens of KB) and the graph; a
-        // copy of the table would be 0.67× more.
+        // copy of the table would be 0.67× more, and an aligned copy of an inline weight made
+        // before packing it (as there was) 0.14× more.
         assert!(
-            ratio < 1.25,
+            ratio < 1.15,
             "{}: the heap grew by {ratio:.2}× the weights' bytes",
             path.display()
         );

@@ -238,13 +238,19 @@ fn readers_of(model: &InferenceModel, w: &HeldWeight, id: usize) -> Readers {
 }
 
 /// The nodes at `inlets` when all of them are attnrt's projections taking `w` as their `B`,
-/// all the same way round, and `w` is a float32 matrix; `None` otherwise.
+/// all the same way round, and `w` is a float32 matrix whose bytes hold its values (a short
+/// one is left to the constant's checked build); `None` otherwise.
 fn projection_readers(
     model: &InferenceModel,
     w: &HeldWeight,
     inlets: &[InletId],
 ) -> Option<Vec<(usize, Reader)>> {
-    if w.data_type != DataType::Float as i32 || w.dims.len() != 2 {
+    let &[rows, cols] = &w.dims[..] else {
+        return None;
+    };
+    let (rows, cols) = (usize::try_from(rows).ok()?, usize::try_from(cols).ok()?);
+    let bytes = rows.checked_mul(cols).and_then(|v| v.checked_mul(4));
+    if w.data_type != DataType::Float as i32 || bytes != Some(w.data.len()) {
         return None;
     }
     let readers = inlets
@@ -287,14 +293,14 @@ fn home_of(w: &HeldWeight, readers: Readers) -> TractResult<Home> {
             let key = (Kind::Packed { transposed }, w.data.clone());
             let packed = SHARED.packed.get_or_make(key, || {
                 let (rows, cols) = (shape[0], shape[1]);
-                Ok(with_f32(&w.data, |ws| {
-                    if transposed {
-                        // `w` is `[N, K]`: element (k, j) of the product's weight is `w[j][k]`.
-                        PackedWeight::from_strided(ws, cols, rows, 1, cols)
-                    } else {
-                        PackedWeight::new(ws, rows, cols)
-                    }
-                }))
+                // Read from the bytes as they lie (inline weights sit at any offset of the
+                // file), each value once, panels in parallel.
+                Ok(if transposed {
+                    // `w` is `[N, K]`: element (k, j) of the product's weight is `w[j][k]`.
+                    PackedWeight::from_le_bytes(&w.data, cols, rows, 1, cols)
+                } else {
+                    PackedWeight::from_le_bytes(&w.data, rows, cols, cols, 1)
+                })
             })?;
             Ok(Home::Packed(packed, readers))
         }
@@ -318,20 +324,6 @@ fn constant(w: &HeldWeight, dt: DatumType, shape: &[usize]) -> TractResult<Home>
         .get_or_make(key, || tensor_from_bytes(dt, shape, &w.data))
         .with_context(|| format!("initializer '{}'", w.name))?;
     Ok(Home::Const(tensor))
-}
-
-/// Calls `f` on `data` read as float32 values (little-endian), in place when aligned.
-fn with_f32<R>(data: &[u8], f: impl FnOnce(&[f32]) -> R) -> R {
-    // Safety: every bit pattern is an f32; `align_to` puts only whole, aligned values in `mid`.
-    let (head, mid, tail) = unsafe { data.align_to::<f32>() };
-    if head.is_empty() && tail.is_empty() && cfg!(target_endian = "little") {
-        return f(mid);
-    }
-    let values: Vec<f32> = data
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    f(&values)
 }
 
 /// A tract tensor of `dt` and `shape` from its little-endian bytes.
