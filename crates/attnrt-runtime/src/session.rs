@@ -34,7 +34,7 @@ struct InputSpec {
 
 /// A model ready to run on any input shapes it accepts: parsed by tract once, then planned
 /// (typed, optimized) per family of shapes, plans kept in a bounded cache
-/// ([`ShapePolicy`](crate::ShapePolicy)).
+/// ([`ShapePolicy`]).
 /// A session can be shared between threads; each run has its own state.
 pub struct Session {
     /// tract's parse of the graph; of each branch (false, then true) for a model whose graph
