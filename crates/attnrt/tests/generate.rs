@@ -423,8 +423,8 @@ fn a_padded_batch_gives_each_row_the_tokens_of_its_prompt_alone() {
         // (the prompt's serves every prompt, whatever its length and batch), then one plan for
         // every decode step of the batch of 3
         // (only for the dynamo exports: tract cannot plan the others' prompt with its batch
-        // symbolic too, e.g. GPT-2's TorchScript export flattens `[batch, sequence]`; so there
-        // the batch's prompt has a plan of its own)
+        // symbolic too, their graphs flatten a `[batch, length]` tensor and tract's `Flatten`
+        // refuses two symbols; so there the batch's prompt has a plan of its own)
         let want = if file.contains("dynamo") { 3 } else { 4 };
         assert_eq!(report.plans.built, want, "{file}: {:?}", report.plans);
         assert!(

@@ -4,11 +4,11 @@
 //! (`step.rs`); a row that made its end-of-sequence token is finished and no longer changes.
 //! One [`Session`] serves every step: the past length stays symbolic in the decode steps' plans
 //! ([`ShapePolicy::DynamicDims`]) and the prompt's length in the prompt's, so a step costs the
-//! step. A decoder-only model's prompt plan (its batch symbolic too) and single-row decode plan
-//! are made when the generator is built; another batch size's decode plan is made while its
-//! prompt runs. A step's
-//! logits are computed at its last position only where the graph allows it exactly
-//! (`last_position.rs`): the prompt's other positions never choose a token.
+//! step. A decoder-only model's prompt plan (its batch symbolic too where tract can plan that)
+//! and single-row decode plan are made when the generator is built; another batch size's decode
+//! plan is made while its prompt runs. A step's logits are computed at its last position only
+//! where the graph allows it exactly (`last_position.rs`): the prompt's other positions never
+//! choose a token.
 //!
 //! With a check, the original (unfused) graph runs in lockstep on its own session and its own
 //! cache; a step whose token differs, or whose logits differ beyond the tolerance, fails the
@@ -216,8 +216,8 @@ pub struct Generator {
     first_step: Option<(Session, Option<Session>)>,
     /// The decoder's name in errors.
     what: String,
-    /// How the prompt step's plan is keyed (its length and batch symbolic), when the decoder's
-    /// token ids name their length; `None`: as the decode steps'.
+    /// How the prompt step's plan is keyed (its length symbolic, its batch too where tract can
+    /// plan that), when the decoder's token ids name their length; `None`: as the decode steps'.
     prompt_policy: Option<ShapePolicy>,
     /// Whether the decoder's logits are computed at the last position only (`last_position.rs`).
     last_position: bool,
@@ -298,14 +298,14 @@ impl Generator {
         Ok(generator)
     }
 
-    /// Makes the prompt's plan (its length and batch symbolic, so it serves every prompt) and a
-    /// single row's decode steps' plan (the past length symbolic) while the model loads: the
-    /// first token then costs the prompt's compute, not a plan, and a single row's prompt step
-    /// does not share the cores with making the decode steps' plan. Not for encoder–decoders
-    /// (their steps' shapes follow the encoder's); a plan that cannot be made now is made by
-    /// the step that needs it, as another batch size's decode plan is.
-    /// Returns how the prompt's plan is keyed (the first of
-    /// [`DecoderSignature::prompt_shapes`] tract can plan).
+    /// Makes the prompt's plan (its length symbolic, its batch too where tract can plan that)
+    /// and a single row's decode steps' plan (the past length symbolic) while the model loads:
+    /// the first token then costs the prompt's compute, not a plan, and a single row's prompt
+    /// step does not share the cores with making the decode steps' plan. Returns how the
+    /// prompt's plan is keyed: the first of [`DecoderSignature::prompt_shapes`] tract can plan
+    /// (`None`: none, the prompt planned as before, for its own shapes). Not for
+    /// encoder–decoders (their steps' shapes follow the encoder's); a plan that cannot be made
+    /// now is made by the step that needs it, as another batch size's decode plan is.
     fn prepare_first_steps(&self) -> Option<ShapePolicy> {
         let prompt = StepInputs::prefill(&self.signature, &[vec![0]], None).ok()?;
         let policy = prompt.clone().take_tensors().ok().and_then(|shapes| {

@@ -261,9 +261,9 @@ impl DecoderSignature {
     /// How a prompt's plan may be keyed, so that one plan serves every prompt length (and
     /// batch size), best first: the tokens fed symbolic (the anchor), the mask's length tied to
     /// it (the past is empty: bound to 0), the batch symbolic on its own; then the same with the
-    /// batch bound (tract cannot plan every graph with two free symbols: GPT-2's TorchScript
-    /// export flattens `[batch, sequence]`). Empty when the token ids' length has no name of
-    /// its own.
+    /// batch bound (tract cannot plan every graph with two free symbols: the TorchScript
+    /// exports flatten a `[batch, length]` tensor, and tract's `Flatten` refuses two symbols).
+    /// Empty when the token ids' length has no name of its own.
     pub fn prompt_shapes(&self) -> Vec<ShapePolicy> {
         let Some(sequence) = self.sequence_dim.clone() else {
             return Vec::new();
