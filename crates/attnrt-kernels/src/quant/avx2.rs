@@ -68,6 +68,31 @@ pub(super) unsafe fn quantize(x: &[f32], scale: f32, zero_point: u8, out: &mut [
     super::portable::quantize(&x[whole..n], scale, zero_point, &mut out[whole..n]);
 }
 
+/// [`super::matmul::portable_widen`] on AVX2: 16 values at a time by `vpmovsxbw`.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn widen(p: &[i8], out: &mut [i16]) {
+    let n = p.len().min(out.len());
+    let whole = n / 16 * 16;
+    for i in (0..whole).step_by(16) {
+        // SAFETY: `i + 16 <= n`, within both slices.
+        unsafe {
+            let v = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.as_ptr().add(i).cast()));
+            _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), v);
+        }
+    }
+    super::matmul::portable_widen(&p[whole..n], &mut out[whole..n]);
+}
+
+/// Never called: the AVX2 build is chosen only on x86_64.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn widen(_: &[i8], _: &mut [i16]) {
+    unreachable!("the AVX2 build runs on x86_64 only")
+}
+
 /// Loads `NR` values at value offset `at` of a panel of i8 (`NARROW`, widened by `vpmovsxbw`)
 /// or of i16, as `NR` i16 lanes.
 ///

@@ -259,3 +259,99 @@ fn weights_past_i8_after_their_zero_point_stay_wide() {
     assert!(!QuantizedWeight::from_u8(&[200, 1, 2, 3], 2, 2, &[0]).is_narrow());
     assert!(QuantizedWeight::from_u8(&[200, 1, 2, 3], 2, 2, &[128]).is_narrow());
 }
+
+/// Narrow (i8) weights over more rows than one task takes, on pools of 1 to 3 threads: the
+/// rows are split into several blocks, each widening its panels once, and every build and
+/// split gives the exact sums and the same float epilogue, bit for bit.
+#[test]
+fn narrow_weights_split_over_row_blocks_and_threads_give_the_exact_sums() {
+    // 300 rows and 5 panels (2 groups): on 3 threads the split takes 128-row blocks.
+    let (m, k, n) = (300, 77, 70);
+    let a: Vec<u8> = (0..m * k).map(|i| (i * 29 % 256) as u8).collect();
+    let w: Vec<i8> = (0..k * n).map(|i| (i * 53 % 256) as u8 as i8).collect();
+    let want = reference(&a, 7, &w, &[0], m, k, n);
+    let rows = QuantizedRows::from_u8(&a, m, k, 7);
+    let packed = QuantizedWeight::from_i8(&w, k, n, &[0]);
+    assert!(packed.is_narrow());
+    let scale: Vec<f32> = (0..n).map(|j| 0.003 * (j as f32 + 0.5)).collect();
+    let bias: Vec<f32> = crate::testing::ramp(n, 0.4);
+    let threads = ThreadPolicy::default();
+    let mut first: Option<Vec<f32>> = None;
+    for kernel in kernels() {
+        for pool_threads in [1, 2, 3] {
+            let mut sums = vec![i32::MIN; m * n];
+            let out = QuantOutput::Int(&mut sums);
+            pool(pool_threads).install(|| quant_matmul(&kernel, &threads, &rows, &packed, out));
+            let got: Vec<i64> = sums.iter().map(|&v| i64::from(v)).collect();
+            assert_eq!(got, want, "{kernel} on {pool_threads} threads");
+            let mut y = vec![f32::NAN; m * n];
+            let out = QuantOutput::Float {
+                y: &mut y,
+                scale: &scale,
+                bias: Some(&bias),
+                activation: None,
+            };
+            pool(pool_threads).install(|| quant_matmul(&kernel, &threads, &rows, &packed, out));
+            for (i, (&y, &s)) in y.iter().zip(&sums).enumerate() {
+                let want = s as f32 * scale[i % n] + bias[i % n];
+                assert_eq!(y.to_bits(), want.to_bits(), "{kernel} y[{i}]");
+            }
+            match &first {
+                Some(f) => assert!(f.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits())),
+                None => first = Some(y),
+            }
+        }
+    }
+}
+
+/// The rows per task: a multiple of `MR` covering the rows in as few blocks as keep two tasks
+/// per thread, never past `MAX_ROWS` nor, when split, below `MIN_ROWS`.
+#[test]
+fn rows_per_task_takes_all_rows_while_every_thread_has_tasks() {
+    use super::matmul::rows_per_task;
+    assert_eq!(rows_per_task(128, 12, 2), 128);
+    assert_eq!(rows_per_task(1, 12, 2), MR);
+    assert_eq!(rows_per_task(130, 12, 2), 132);
+    assert_eq!(rows_per_task(1000, 12, 2), 256);
+    // One group of panels: the rows are split until there are 4 tasks for 2 threads.
+    assert_eq!(rows_per_task(256, 1, 2), 64);
+    assert_eq!(rows_per_task(300, 2, 3), 128);
+    // Never below 32 rows, however few the tasks.
+    assert_eq!(rows_per_task(40, 1, 8), 32);
+    for m in 1..600 {
+        for chunks in 1..6 {
+            let rows = rows_per_task(m, chunks, 2);
+            assert!(rows % MR == 0 && rows >= MR && rows <= 256, "{m} {chunks}: {rows}");
+        }
+    }
+}
+
+/// `from_u8` and `from_i8` give each value minus its zero point, rows padded with zeros; the
+/// AVX2 widening of narrow panels equals the portable one on every length.
+#[test]
+fn quantized_inputs_and_narrow_panels_widen_exactly() {
+    let a: Vec<u8> = (0..15).map(|i| (i * 17) as u8).collect();
+    let rows = QuantizedRows::from_u8(&a, 3, 5, 200);
+    let b: Vec<i8> = a.iter().map(|&v| v as i8).collect();
+    let signed = QuantizedRows::from_i8(&b, 3, 5, -3);
+    for i in 0..3 {
+        for p in 0..5 {
+            assert_eq!(rows.centered(i, p), i32::from(a[i * 5 + p]) - 200);
+            assert_eq!(signed.centered(i, p), i32::from(b[i * 5 + p]) + 3);
+        }
+        assert_eq!(rows.centered(i, 5), 0, "the padding of row {i}");
+    }
+    assert_eq!(QuantizedRows::from_u8(&[], 2, 0, 9).m(), 2);
+    let p: Vec<i8> = (0..70).map(|i| (i * 37 % 256) as u8 as i8).collect();
+    for len in 0..p.len() {
+        let mut want = vec![0i16; len];
+        super::matmul::portable_widen(&p[..len], &mut want);
+        assert!(want.iter().zip(&p).all(|(&w, &v)| w == i16::from(v)));
+        if Isa::available().contains(&Isa::Avx2) {
+            let mut got = vec![0i16; len];
+            // SAFETY: the CPU has AVX2.
+            unsafe { super::avx2::widen(&p[..len], &mut got) };
+            assert_eq!(got, want, "{len} values");
+        }
+    }
+}
