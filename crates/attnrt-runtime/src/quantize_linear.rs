@@ -9,13 +9,17 @@
 //! not constants go through tract's expansion (its float arithmetic saturates already).
 //! Registered in every session, so the fused and the unfused graph quantize alike.
 
-use attnrt_kernels::quant::{quantize_linear, Quantized};
+use attnrt_kernels::quant::{quantize_linear, Quantized, Requantize};
 use attnrt_kernels::KernelSet;
 use tract_onnx::model::ParsingContext;
 use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
+use tract_onnx::tract_core::ops::quant::DequantizeLinearF32;
+
+use crate::projection::replace_chain;
+use crate::quant_projection::QuantProjectionOp;
 use crate::tensor::f32_data;
 use crate::tract_parser::{OnnxParser, Wrapper};
 
@@ -181,5 +185,43 @@ impl TypedOp for QuantizeLinearOp {
 
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
         Ok(tvec!(self.datum_type().fact(inputs[0].shape.clone())))
+    }
+
+    /// Folds a QDQ model's output quantization of a projection into it: `QuantProjectionOp →
+    /// this → DequantizeLinear` with the same scale and zero point becomes the projection with
+    /// the round trip in its epilogue ([`QuantProjectionOp::with_requantize`]), the same
+    /// arithmetic value by value, without the two passes over the output. Only when each
+    /// output on the way feeds the next node alone and is not a model output.
+    fn declutter(
+        &self,
+        model: &TypedModel,
+        node: &TypedNode,
+    ) -> TractResult<Option<TypedModelPatch>> {
+        let outputs = model.output_outlets()?;
+        let only_reader = |n: &TypedNode| {
+            let out = &n.outputs[0].successors;
+            (out.len() == 1 && !outputs.contains(&OutletId::new(n.id, 0)))
+                .then(|| model.node(out[0].node))
+        };
+        let producer = model.node(node.inputs[0].node);
+        let Some(projection) = producer.op_as::<QuantProjectionOp>() else {
+            return Ok(None);
+        };
+        let (Some(_), Some(dq)) = (only_reader(producer), only_reader(node)) else {
+            return Ok(None);
+        };
+        let same = dq.op_as::<DequantizeLinearF32>().is_some_and(|d| {
+            d.scale.to_bits() == self.scale.to_bits() && d.zero_point == self.zero_point
+        });
+        let requantize = Requantize {
+            scale: self.scale,
+            zero_point: self.zero_point,
+            to: self.to,
+        };
+        let Some(op) = same.then(|| projection.with_requantize(requantize)).flatten() else {
+            return Ok(None);
+        };
+        let name = &producer.name;
+        Ok(Some(replace_chain(model, producer.inputs[0], dq, name, op)?))
     }
 }

@@ -38,6 +38,29 @@ pub fn quantize_linear(
     }
 }
 
+/// ONNX `QuantizeLinear` then `DequantizeLinear` with the same scale and zero point (a QDQ
+/// model's round trip of an activation through `to`): `(saturate(round(x / scale) +
+/// zero_point) − zero_point) · scale`, the quantization as [`quantize_linear`], the product
+/// rounded once, as tract's `DequantizeLinear` computes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Requantize {
+    /// The scale.
+    pub scale: f32,
+    /// The zero point, in `to`'s range.
+    pub zero_point: i32,
+    /// The type quantized to.
+    pub to: Quantized,
+}
+
+impl Requantize {
+    /// `x` after the round trip.
+    #[inline(always)]
+    pub fn apply(&self, x: f32) -> f32 {
+        let q = portable::quantize_value(x, self.scale, self.zero_point as f32, self.to);
+        (q - self.zero_point) as f32 * self.scale
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 use rayon::prelude::*;
 
 use super::weight::Panel;
-use super::{avx2, Build, QuantKernel, QuantizedRows, QuantizedWeight, MR, NR};
+use super::{avx2, Build, QuantKernel, QuantizedRows, QuantizedWeight, Requantize, MR, NR};
 use crate::act::{apply_rows_raw, ActKernel, Activation};
 use crate::threads::ThreadPolicy;
 
@@ -24,13 +24,17 @@ const TASKS_PER_THREAD: usize = 2;
 pub enum QuantOutput<'a> {
     /// The i32 sums themselves (`MatMulInteger`).
     Int(&'a mut [i32]),
-    /// `f32(sum) · scale[j]`, then `+ bias[j]`, then `activation` (on the act kernel given):
-    /// the rounding steps of `Cast`, `Mul` and `Add` nodes.
+    /// `f32(sum) · scale[j]`, then `requantize`, then `+ bias[j]`, then `activation` (on the act
+    /// kernel given): the rounding steps of `Cast`, `Mul`, `QuantizeLinear` and
+    /// `DequantizeLinear`, and `Add` nodes.
     Float {
         /// The output.
         y: &'a mut [f32],
         /// Per column, `[n]`: the activations' scale times the weight's.
         scale: &'a [f32],
+        /// The round trip of each value through an 8-bit type (a QDQ model's output
+        /// quantization), before the bias.
+        requantize: Option<Requantize>,
         /// Per column, `[n]`.
         bias: Option<&'a [f32]>,
         /// Applied to every value after the bias.
@@ -45,6 +49,7 @@ enum Sink<'a> {
     Float {
         y: *mut f32,
         scale: &'a [f32],
+        requantize: Option<Requantize>,
         bias: Option<&'a [f32]>,
     },
 }
@@ -76,13 +81,20 @@ pub fn quant_matmul(
         QuantOutput::Float {
             y,
             scale,
+            requantize,
             bias,
             activation,
         } => {
             assert!(y.len() == m * n && scale.len() == n);
             assert!(bias.is_none_or(|b| b.len() == n));
             let y = y.as_mut_ptr();
-            (Sink::Float { y, scale, bias }, activation)
+            let sink = Sink::Float {
+                y,
+                scale,
+                requantize,
+                bias,
+            };
+            (sink, activation)
         }
     };
     let chunks = w.panels().div_ceil(PANELS);
@@ -276,12 +288,22 @@ unsafe fn store_rows(sink: Sink, acc: &[[i32; NR]; MR], block: Block) {
                 let y = unsafe { std::slice::from_raw_parts_mut(y.add(at), cols) };
                 y.copy_from_slice(&acc[..cols]);
             }
-            Sink::Float { y, scale, bias } => {
+            Sink::Float {
+                y,
+                scale,
+                requantize,
+                bias,
+            } => {
                 // SAFETY: as above.
                 let y = unsafe { std::slice::from_raw_parts_mut(y.add(at), cols) };
                 let scale = &scale[col..col + cols];
                 for ((y, &s), &v) in y.iter_mut().zip(scale).zip(acc) {
                     *y = v as f32 * s;
+                }
+                if let Some(rq) = requantize {
+                    for y in y.iter_mut() {
+                        *y = rq.apply(*y);
+                    }
                 }
                 if let Some(b) = bias {
                     for (y, &b) in y.iter_mut().zip(&b[col..col + cols]) {

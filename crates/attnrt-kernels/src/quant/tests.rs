@@ -214,6 +214,7 @@ fn the_float_epilogue_rounds_as_cast_mul_add_and_threads_change_nothing() {
             let out = QuantOutput::Float {
                 y: &mut y,
                 scale: &scale,
+                requantize: None,
                 bias: Some(&bias),
                 activation,
             };
@@ -288,6 +289,7 @@ fn narrow_weights_split_over_row_blocks_and_threads_give_the_exact_sums() {
             let out = QuantOutput::Float {
                 y: &mut y,
                 scale: &scale,
+                requantize: None,
                 bias: Some(&bias),
                 activation: None,
             };
@@ -354,4 +356,62 @@ fn quantized_inputs_and_narrow_panels_widen_exactly() {
             assert_eq!(got, want, "{len} values");
         }
     }
+}
+
+/// The requantized epilogue (a QDQ model's `QuantizeLinear → DequantizeLinear` after the
+/// product, then the bias) equals `quantize_linear`'s bytes dequantized as
+/// `(q − zero_point) as f32 · scale`, bit for bit, on every build, saturating at both ends.
+#[test]
+fn the_requantized_epilogue_is_quantize_linear_then_dequantize() {
+    let (m, k, n) = (37, 45, 21);
+    let a: Vec<u8> = (0..m * k).map(|i| (i * 31 % 256) as u8).collect();
+    let w: Vec<i8> = (0..k * n).map(|i| (i * 11 % 256) as u8 as i8).collect();
+    let rows = QuantizedRows::from_u8(&a, m, k, 100);
+    let packed = QuantizedWeight::from_i8(&w, k, n, &[0]);
+    let scale: Vec<f32> = (0..n).map(|j| 1e-4 * (j as f32 + 1.0)).collect();
+    let bias: Vec<f32> = crate::testing::ramp(n, 2.1);
+    let threads = ThreadPolicy::default();
+    // Values quantized to the low bound, the high bound, and between them.
+    let (mut low, mut high, mut inside) = (0, 0, 0);
+    for (to, zero_point, q_scale) in [
+        (Quantized::U8, 128, 0.01f32),
+        (Quantized::I8, -3, 0.004),
+        (Quantized::U8, 0, 0.5),
+    ] {
+        let rq = Requantize {
+            scale: q_scale,
+            zero_point,
+            to,
+        };
+        for kernel in kernels() {
+            let mut sums = vec![0i32; m * n];
+            quant_matmul(&kernel, &threads, &rows, &packed, QuantOutput::Int(&mut sums));
+            let products: Vec<f32> =
+                (0..m * n).map(|i| sums[i] as f32 * scale[i % n]).collect();
+            let mut q = vec![0u8; m * n];
+            quantize_linear(&kernel, &threads, &products, q_scale, zero_point, to, &mut q);
+            let mut y = vec![f32::NAN; m * n];
+            let out = QuantOutput::Float {
+                y: &mut y,
+                scale: &scale,
+                requantize: Some(rq),
+                bias: Some(&bias),
+                activation: None,
+            };
+            pool(2).install(|| quant_matmul(&kernel, &threads, &rows, &packed, out));
+            for i in 0..m * n {
+                let q = match to {
+                    Quantized::U8 => i32::from(q[i]),
+                    Quantized::I8 => i32::from(q[i] as i8),
+                };
+                let (lo, hi) = to.bounds();
+                low += usize::from(q == lo as i32);
+                high += usize::from(q == hi as i32);
+                inside += usize::from(q > lo as i32 && q < hi as i32);
+                let want = (q - zero_point) as f32 * q_scale + bias[i % n];
+                assert_eq!(y[i].to_bits(), want.to_bits(), "{kernel} {to:?} y[{i}]");
+            }
+        }
+    }
+    assert!(low > 0 && high > 0 && inside > 0, "{low} {high} {inside}");
 }
