@@ -380,7 +380,10 @@ impl Op for QuantProjectionOp {
             self.weight.k(),
             self.weight.n(),
             match self.requantize {
-                Some(r) => format!(", requantized ({} + {} as {:?})", r.scale, r.zero_point, r.to),
+                Some(r) => format!(
+                    ", requantized ({} + {} as {:?})",
+                    r.scale, r.zero_point, r.to
+                ),
                 None => String::new(),
             },
             if self.bias.is_some() { " + bias" } else { "" },

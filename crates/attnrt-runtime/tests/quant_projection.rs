@@ -451,7 +451,14 @@ fn qdq_model(forms: &[QdqForm], signed: bool, also_read: bool, k: i64, n: i64) -
 
 /// `y` quantized (scale 0.05, zero point 128 as uint8 or −3 as int8) and dequantized again;
 /// with `read`, the quantized values are also cast to float32, a graph output. Returns the dequantized tensor.
-fn requantize(g: &mut GraphBuilder, y: &str, name: &str, signed: bool, read: bool, n: i64) -> String {
+fn requantize(
+    g: &mut GraphBuilder,
+    y: &str,
+    name: &str,
+    signed: bool,
+    read: bool,
+    n: i64,
+) -> String {
     let (scale, zero_point) = (format!("{name}s"), format!("{name}z"));
     g.initializer(tensor_f32(&scale, &[], &[0.05]));
     let mut z = tensor_q(&zero_point, &[], !signed, 0);
@@ -599,7 +606,11 @@ fn a_projection_s_output_round_trip_and_bias_fold_in_bit_for_bit() {
             assert_eq!(count(&ops, "AttnrtQuantProjection"), 1, "{ops:?}");
             // Only the input's quantization is left, and no `Add`.
             assert_eq!(count(&ops, "AttnrtQuantizeLinear"), 1, "{ops:?}");
-            assert!(!ops.iter().any(|o| o.contains("Dequantize") || o.contains("Add")), "{ops:?}");
+            assert!(
+                !ops.iter()
+                    .any(|o| o.contains("Dequantize") || o.contains("Add")),
+                "{ops:?}"
+            );
             let unfolded = QdqForm {
                 quantized_output: true,
                 ..form
@@ -612,7 +623,11 @@ fn a_projection_s_output_round_trip_and_bias_fold_in_bit_for_bit() {
             assert_eq!(want.len(), 2);
             assert_eq!(y[0], want[1], "signed {signed} bias {bias}");
             let distinct: std::collections::BTreeSet<u32> = y[0].iter().copied().collect();
-            assert!(distinct.len() > 10, "a round trip over many steps: {}", distinct.len());
+            assert!(
+                distinct.len() > 10,
+                "a round trip over many steps: {}",
+                distinct.len()
+            );
         }
     }
 }

@@ -219,6 +219,22 @@ pub(super) unsafe fn row<const NARROW: bool>(_: *const i16, _: *const u8, _: usi
     unreachable!("the AVX2 build runs on x86_64 only")
 }
 
+/// `QuantizeLinear` of 8 values to the range `[lo, hi]`, as floats (integers of the range):
+/// `min(max(round(x / s) + zp, lo), hi)`, rounding half to even, NaN as 0 (so as the zero
+/// point); infinities saturate.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn quantize8(x: __m256, s: __m256, zp: __m256, lo: __m256, hi: __m256) -> __m256 {
+    let r =
+        _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_div_ps(x, s));
+    let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r));
+    _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, zp), lo), hi)
+}
+
 /// [`super::portable::quantize_linear`] on AVX2.
 ///
 /// # Safety
@@ -241,11 +257,7 @@ pub(super) unsafe fn quantize_linear(
     for i in (0..whole).step_by(8) {
         // SAFETY: `i + 8 <= n`, within both slices.
         unsafe {
-            let v = _mm256_div_ps(_mm256_loadu_ps(x.as_ptr().add(i)), s);
-            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-            // NaN → 0, as the portable build; infinities saturate below.
-            let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r));
-            let q = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, zp), lo_v), hi_v);
+            let q = quantize8(_mm256_loadu_ps(x.as_ptr().add(i)), s, zp, lo_v, hi_v);
             let c = _mm256_cvtps_epi32(q);
             // i32 → i16 (in range, so no saturation), in order in the low 128 bits.
             let words = _mm256_permute4x64_epi64::<0b1000>(_mm256_packs_epi32(c, c));
@@ -263,5 +275,37 @@ pub(super) unsafe fn quantize_linear(
 /// Never called: the AVX2 build is chosen only on x86_64.
 #[cfg(not(target_arch = "x86_64"))]
 pub(super) unsafe fn quantize_linear(_: &[f32], _: f32, _: f32, _: super::Quantized, _: &mut [u8]) {
+    unreachable!("the AVX2 build runs on x86_64 only")
+}
+
+/// [`super::linear::portable_requantize`] on AVX2: the quantization as [`quantize_linear`]'s
+/// (the value, rounded and clamped, stays a float: an integer of the type's range), then
+/// `(q − zero_point) · scale`, the difference exact in float.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn requantize_linear(x: &[f32], rq: super::Requantize, out: &mut [f32]) {
+    let n = x.len().min(out.len());
+    let whole = n / 8 * 8;
+    let (lo, hi) = rq.to.bounds();
+    let s = _mm256_set1_ps(rq.scale);
+    let zp = _mm256_set1_ps(rq.zero_point as f32);
+    let (lo_v, hi_v) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+    for i in (0..whole).step_by(8) {
+        // SAFETY: `i + 8 <= n`, within both slices.
+        unsafe {
+            let q = quantize8(_mm256_loadu_ps(x.as_ptr().add(i)), s, zp, lo_v, hi_v);
+            let y = _mm256_mul_ps(_mm256_sub_ps(q, zp), s);
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), y);
+        }
+    }
+    super::linear::portable_requantize(&x[whole..n], rq, &mut out[whole..n]);
+}
+
+/// Never called: the AVX2 build is chosen only on x86_64.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn requantize_linear(_: &[f32], _: super::Requantize, _: &mut [f32]) {
     unreachable!("the AVX2 build runs on x86_64 only")
 }

@@ -75,6 +75,14 @@ fn matmul_case(m_max: usize, k_max: usize, symmetric: bool) -> impl Strategy<Val
     )
 }
 
+/// The i32 sums of `rows` by `packed` on `kernel`, on the calling thread's pool.
+fn int_sums(kernel: &QuantKernel, rows: &QuantizedRows, packed: &QuantizedWeight) -> Vec<i32> {
+    let mut sums = vec![i32::MIN; rows.m() * packed.n()];
+    let out = QuantOutput::Int(&mut sums);
+    quant_matmul(kernel, &ThreadPolicy::default(), rows, packed, out);
+    sums
+}
+
 /// Every build's i32 sums of `case` equal the i64 reference.
 fn exact_on_every_build((m, k, n, a, za, w, zw): MatmulCase) -> Result<(), TestCaseError> {
     let want = reference(&a, za, &w, &zw, m, k, n);
@@ -200,14 +208,7 @@ fn the_float_epilogue_rounds_as_cast_mul_add_and_threads_change_nothing() {
             pool(2).install(|| QuantizedRows::quantize_dynamic(&kernel, &threads, &x, m, k));
         assert_eq!(rows, split, "{kernel}");
         let scale: Vec<f32> = w_scale.iter().map(|s| rows.scale() * s).collect();
-        let mut sums = vec![0i32; m * n];
-        quant_matmul(
-            &kernel,
-            &threads,
-            &rows,
-            &packed,
-            QuantOutput::Int(&mut sums),
-        );
+        let sums = int_sums(&kernel, &rows, &packed);
         for act in [None, Some(Activation::GeluErf)] {
             let mut y = vec![f32::NAN; m * n];
             let activation = act.map(|a| (ActKernel::new(Isa::Scalar), a));
@@ -323,7 +324,10 @@ fn rows_per_task_takes_all_rows_while_every_thread_has_tasks() {
     for m in 1..600 {
         for chunks in 1..6 {
             let rows = rows_per_task(m, chunks, 2);
-            assert!(rows % MR == 0 && rows >= MR && rows <= 256, "{m} {chunks}: {rows}");
+            assert!(
+                rows % MR == 0 && rows >= MR && rows <= 256,
+                "{m} {chunks}: {rows}"
+            );
         }
     }
 }
@@ -384,12 +388,12 @@ fn the_requantized_epilogue_is_quantize_linear_then_dequantize() {
             to,
         };
         for kernel in kernels() {
-            let mut sums = vec![0i32; m * n];
-            quant_matmul(&kernel, &threads, &rows, &packed, QuantOutput::Int(&mut sums));
-            let products: Vec<f32> =
-                (0..m * n).map(|i| sums[i] as f32 * scale[i % n]).collect();
+            let sums = int_sums(&kernel, &rows, &packed);
+            let products: Vec<f32> = (0..m * n).map(|i| sums[i] as f32 * scale[i % n]).collect();
             let mut q = vec![0u8; m * n];
-            quantize_linear(&kernel, &threads, &products, q_scale, zero_point, to, &mut q);
+            quantize_linear(
+                &kernel, &threads, &products, q_scale, zero_point, to, &mut q,
+            );
             let mut y = vec![f32::NAN; m * n];
             let out = QuantOutput::Float {
                 y: &mut y,
