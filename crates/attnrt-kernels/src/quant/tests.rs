@@ -325,7 +325,7 @@ fn rows_per_task_takes_all_rows_while_every_thread_has_tasks() {
         for chunks in 1..6 {
             let rows = rows_per_task(m, chunks, 2);
             assert!(
-                rows % MR == 0 && rows >= MR && rows <= 256,
+                rows.is_multiple_of(MR) && (MR..=256).contains(&rows),
                 "{m} {chunks}: {rows}"
             );
         }
