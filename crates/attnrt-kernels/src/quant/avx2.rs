@@ -288,24 +288,56 @@ pub(super) unsafe fn quantize_linear(_: &[f32], _: f32, _: f32, _: super::Quanti
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn requantize_linear(x: &[f32], rq: super::Requantize, out: &mut [f32]) {
     let n = x.len().min(out.len());
+    // SAFETY: `n` values of each.
+    let whole = unsafe { requantize8(x.as_ptr(), out.as_mut_ptr(), n, rq) };
+    super::linear::portable_requantize(&x[whole..n], rq, &mut out[whole..n]);
+}
+
+/// The round trip of [`requantize_linear`] from `x` to `out` (which may be `x`), 8 values at a
+/// time over the first `n / 8 · 8` of `n` values; returns how many it did.
+///
+/// # Safety
+/// The CPU must have AVX2; `x` and `out` must hold `n` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn requantize8(x: *const f32, out: *mut f32, n: usize, rq: super::Requantize) -> usize {
     let whole = n / 8 * 8;
     let (lo, hi) = rq.to.bounds();
     let s = _mm256_set1_ps(rq.scale);
     let zp = _mm256_set1_ps(rq.zero_point as f32);
     let (lo_v, hi_v) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
     for i in (0..whole).step_by(8) {
-        // SAFETY: `i + 8 <= n`, within both slices.
+        // SAFETY: `i + 8 <= n`, as the caller vouches.
         unsafe {
-            let q = quantize8(_mm256_loadu_ps(x.as_ptr().add(i)), s, zp, lo_v, hi_v);
-            let y = _mm256_mul_ps(_mm256_sub_ps(q, zp), s);
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), y);
+            let q = quantize8(_mm256_loadu_ps(x.add(i)), s, zp, lo_v, hi_v);
+            _mm256_storeu_ps(out.add(i), _mm256_mul_ps(_mm256_sub_ps(q, zp), s));
         }
     }
-    super::linear::portable_requantize(&x[whole..n], rq, &mut out[whole..n]);
+    whole
 }
 
 /// Never called: the AVX2 build is chosen only on x86_64.
 #[cfg(not(target_arch = "x86_64"))]
 pub(super) unsafe fn requantize_linear(_: &[f32], _: super::Requantize, _: &mut [f32]) {
+    unreachable!("the AVX2 build runs on x86_64 only")
+}
+
+/// [`super::matmul::portable_requantize_in_place`] on AVX2, as [`requantize_linear`].
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn requantize_in_place(y: &mut [f32], rq: super::Requantize) {
+    let p = y.as_mut_ptr();
+    // SAFETY: `y.len()` values, read and written in place.
+    let whole = unsafe { requantize8(p, p, y.len(), rq) };
+    // SAFETY: plain Rust.
+    unsafe { super::matmul::portable_requantize_in_place(&mut y[whole..], rq) };
+}
+
+/// Never called: the AVX2 build is chosen only on x86_64.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn requantize_in_place(_: &mut [f32], _: super::Requantize) {
     unreachable!("the AVX2 build runs on x86_64 only")
 }

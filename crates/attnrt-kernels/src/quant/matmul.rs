@@ -251,7 +251,7 @@ unsafe fn store(kernel: &QuantKernel, sink: Sink, acc: &[[i32; NR]; MR], block: 
     unsafe {
         match kernel.build {
             Build::Avx2 => store_avx2(sink, acc, block),
-            Build::Portable => store_rows(sink, acc, block),
+            Build::Portable => store_rows(sink, acc, block, portable_requantize_in_place),
         }
     }
 }
@@ -263,16 +263,31 @@ unsafe fn store(kernel: &QuantKernel, sink: Sink, acc: &[[i32; NR]; MR], block: 
 /// As [`store`]; the CPU must have AVX2.
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2"))]
 unsafe fn store_avx2(sink: Sink, acc: &[[i32; NR]; MR], block: Block) {
-    // SAFETY: as the caller vouches.
-    unsafe { store_rows(sink, acc, block) }
+    // SAFETY: as the caller vouches; the CPU has AVX2.
+    unsafe { store_rows(sink, acc, block, avx2::requantize_in_place) }
 }
 
-/// The epilogue of [`store`] in plain Rust.
+/// [`Requantize::apply`] to each of `y` in place (the AVX2 build's reference and tail).
 ///
 /// # Safety
-/// As [`store`].
+/// None (`unsafe` for the type it shares with the AVX2 build).
+pub(super) unsafe fn portable_requantize_in_place(y: &mut [f32], requantize: Requantize) {
+    for y in y {
+        *y = requantize.apply(*y);
+    }
+}
+
+/// The epilogue of [`store`] in plain Rust, the round trip of a row's values by `requantize`.
+///
+/// # Safety
+/// As [`store`]; `requantize` must run on this CPU.
 #[inline(always)]
-unsafe fn store_rows(sink: Sink, acc: &[[i32; NR]; MR], block: Block) {
+unsafe fn store_rows(
+    sink: Sink,
+    acc: &[[i32; NR]; MR],
+    block: Block,
+    requantize_row: unsafe fn(&mut [f32], Requantize),
+) {
     let Block {
         r,
         rows,
@@ -291,7 +306,7 @@ unsafe fn store_rows(sink: Sink, acc: &[[i32; NR]; MR], block: Block) {
             Sink::Float {
                 y,
                 scale,
-                requantize,
+                requantize: rq,
                 bias,
             } => {
                 // SAFETY: as above.
@@ -300,10 +315,9 @@ unsafe fn store_rows(sink: Sink, acc: &[[i32; NR]; MR], block: Block) {
                 for ((y, &s), &v) in y.iter_mut().zip(scale).zip(acc) {
                     *y = v as f32 * s;
                 }
-                if let Some(rq) = requantize {
-                    for y in y.iter_mut() {
-                        *y = rq.apply(*y);
-                    }
+                if let Some(rq) = rq {
+                    // SAFETY: as the caller vouches.
+                    unsafe { requantize_row(y, rq) };
                 }
                 if let Some(b) = bias {
                     for (y, &b) in y.iter_mut().zip(&b[col..col + cols]) {
