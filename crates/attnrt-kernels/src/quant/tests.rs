@@ -267,7 +267,7 @@ fn weights_past_i8_after_their_zero_point_stay_wide() {
 /// split gives the exact sums and the same float epilogue, bit for bit.
 #[test]
 fn narrow_weights_split_over_row_blocks_and_threads_give_the_exact_sums() {
-    // 300 rows and 5 panels (2 groups): on 3 threads the split takes 128-row blocks.
+    // 300 rows and 5 panels (2 groups): split into 32- to 64-row blocks.
     let (m, k, n) = (300, 77, 70);
     let a: Vec<u8> = (0..m * k).map(|i| (i * 29 % 256) as u8).collect();
     let w: Vec<i8> = (0..k * n).map(|i| (i * 53 % 256) as u8 as i8).collect();
@@ -307,18 +307,19 @@ fn narrow_weights_split_over_row_blocks_and_threads_give_the_exact_sums() {
     }
 }
 
-/// The rows per task: a multiple of `MR` covering the rows in as few blocks as keep two tasks
+/// The rows per task: a multiple of `MR` covering the rows in as few blocks as keep eight tasks
 /// per thread, never past `MAX_ROWS` nor, when split, below `MIN_ROWS`.
 #[test]
 fn rows_per_task_takes_all_rows_while_every_thread_has_tasks() {
     use super::matmul::rows_per_task;
-    assert_eq!(rows_per_task(128, 12, 2), 128);
+    assert_eq!(rows_per_task(128, 12, 2), 64);
+    assert_eq!(rows_per_task(128, 48, 2), 128);
     assert_eq!(rows_per_task(1, 12, 2), MR);
-    assert_eq!(rows_per_task(130, 12, 2), 132);
+    assert_eq!(rows_per_task(130, 12, 2), 68);
     assert_eq!(rows_per_task(1000, 12, 2), 256);
-    // One group of panels: the rows are split until there are 4 tasks for 2 threads.
-    assert_eq!(rows_per_task(256, 1, 2), 64);
-    assert_eq!(rows_per_task(300, 2, 3), 128);
+    // One or two groups of panels: the rows are split down to 32-row blocks.
+    assert_eq!(rows_per_task(256, 1, 2), 32);
+    assert_eq!(rows_per_task(300, 2, 3), 32);
     // Never below 32 rows, however few the tasks.
     assert_eq!(rows_per_task(40, 1, 8), 32);
     for m in 1..600 {
