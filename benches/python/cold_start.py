@@ -9,7 +9,8 @@ Every round runs, in alternating order,
   threads) loads the same file and generates greedily with the same prompt, the same number of
   tokens and its cache fed back, as attnrt does,
 
-each under ``/usr/bin/time -v`` (with ``--case NPZ``: ``attnrt run MODEL --input-npz NPZ
+and, with ``--baseline BIN``, the same attnrt command of another build (``attnrt-base``: the
+binary before a change, in the same rounds), each under ``/usr/bin/time -v`` (with ``--case NPZ``: ``attnrt run MODEL --input-npz NPZ
 --no-diff`` against ONNX Runtime's load and one run, for encoders): the process's peak RSS ("Maximum resident set size") and its
 wall time from start to exit (load, fuse/optimize, plan, the prompt, every token) and its CPU
 time (user + system: on a machine shared with other work, less noisy than the wall time). Each
@@ -148,6 +149,14 @@ def timed(cmd: list[str]) -> tuple[dict, float, float, float]:
 
 
 def engines(args) -> dict[str, list[str]]:
+    """The command of each engine, in the order the first round runs them."""
+    cmds = engine_commands(args)
+    if args.baseline:
+        cmds["attnrt-base"] = [args.baseline, *cmds["attnrt"][1:]]
+    return cmds
+
+
+def engine_commands(args) -> dict[str, list[str]]:
     common = ["--threads", str(args.threads)]
     if args.case:
         return {
@@ -187,6 +196,8 @@ def tokens_of(engine: str, out: dict) -> list[int] | None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--attnrt", help="the attnrt binary (a release build)")
+    p.add_argument("--baseline", help="another attnrt binary, run as `attnrt-base` in the same "
+                                      "rounds (the build before a change)")
     p.add_argument("--model", required=True, type=Path)
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=8)
@@ -213,8 +224,10 @@ def main() -> None:
           "| median step ms | limit / step |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     cmds, tokens = engines(args), {}
+    names = list(cmds)
     for r in range(args.rounds):
-        order = ["attnrt", "ort"] if r % 2 == 0 else ["ort", "attnrt"]
+        # Each round starts with the next engine, so none is always first (or last).
+        order = names[r % len(names):] + names[:r % len(names)]
         for e in order:
             out, rss, wall, cpu = timed(cmds[e])
             first, step = step_ms(e, out)
@@ -226,6 +239,9 @@ def main() -> None:
         return
     same = tokens["attnrt"] == tokens["ort"]
     print(f"tokens: attnrt {tokens['attnrt']}, ORT {tokens['ort']} ({'same' if same else 'DIFFER'})")
+    if "attnrt-base" in tokens:
+        same = tokens["attnrt-base"] == tokens["attnrt"]
+        print(f"tokens: attnrt-base {'the same' if same else 'DIFFER: ' + str(tokens['attnrt-base'])}")
 
 
 if __name__ == "__main__":

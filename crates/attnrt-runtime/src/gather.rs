@@ -156,24 +156,42 @@ impl Gathered {
 }
 
 impl CheckedGather {
-    /// The first index outside `[-extent, extent)`, if any.
     fn check(&self, indices: &Tensor, extent: usize) -> TractResult<()> {
-        let n = extent as i64;
-        let bad = indices
-            .try_as_plain_ram()?
-            .as_slice::<i64>()?
-            .iter()
-            .find(|&&i| !(-n..n).contains(&i));
-        match bad {
-            Some(i) => bail!(
-                "{} node '{}': index {i} is outside [-{n}, {n}), the extent of axis {} of its data",
-                self.gather.op_type(),
-                self.node,
-                self.gather.axis()
-            ),
-            None => Ok(()),
-        }
+        let (op_type, axis) = (self.gather.op_type(), self.gather.axis());
+        check_indices(op_type, &self.node, axis, indices, extent)
     }
+}
+
+/// Refuses the first of the int64 `indices` outside `[-extent, extent)`, naming `op_type`'s
+/// node `node` and the gathered `axis`.
+pub(crate) fn check_indices(
+    op_type: &str,
+    node: &str,
+    axis: usize,
+    indices: &Tensor,
+    extent: usize,
+) -> TractResult<()> {
+    let n = extent as i64;
+    let bad = indices
+        .try_as_plain_ram()?
+        .as_slice::<i64>()?
+        .iter()
+        .find(|&&i| !(-n..n).contains(&i));
+    match bad {
+        Some(i) => bail!(
+            "{op_type} node '{node}': index {i} is outside [-{n}, {n}), the extent of axis {axis} of its data"
+        ),
+        None => Ok(()),
+    }
+}
+
+/// The ONNX node name of `node` when it is a `Gather` of whole rows (axis 0 of data of `rank`)
+/// reading its data from input `slot`: an embedding lookup, if that data is a table.
+pub(crate) fn row_gather(node: &InferenceNode, slot: usize, rank: usize) -> Option<String> {
+    let rows = crate::tract_parser::wrapper_of::<GatherRows>(&*node.op)?;
+    let row_axis = rows.axis == 0 || rows.axis == -(rank as i64);
+    (rows.op_type == "Gather" && row_axis && slot == 0 && node.inputs.len() == 2)
+        .then(|| rows.node.clone())
 }
 
 impl Op for CheckedGather {

@@ -32,6 +32,7 @@
 
 pub mod attention;
 pub mod divide;
+mod embedding;
 pub mod gather;
 pub mod gelu;
 mod guard;
@@ -126,6 +127,20 @@ pub fn run_once_with_options(
     options: &SessionOptions,
     profile: bool,
 ) -> Result<RunResult> {
+    run_once_in_session(model, inputs, threads, what, options, profile).map(|(_, run)| run)
+}
+
+/// [`run_once_with_options`], returning the session too: while it lives, another session
+/// built from the same model bytes (the unfused path beside the fused one, which shares its
+/// initializers) takes its packed weights and constants instead of making them again.
+pub fn run_once_in_session(
+    model: &ModelProto,
+    inputs: &[NamedTensor],
+    threads: &Threads,
+    what: &str,
+    options: &SessionOptions,
+    profile: bool,
+) -> Result<(Session, RunResult)> {
     let t = Instant::now();
     let session = Session::build_with_options(model, inputs, threads, what, options)?;
     let build_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -137,11 +152,12 @@ pub fn run_once_with_options(
         (session.run(inputs)?, None)
     };
     let run_ms = t.elapsed().as_secs_f64() * 1e3;
-    Ok(RunResult {
+    let run = RunResult {
         outputs,
         build_ms,
         run_ms,
         ops: session.op_counts(),
         profile,
-    })
+    };
+    Ok((session, run))
 }

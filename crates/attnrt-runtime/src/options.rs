@@ -19,6 +19,16 @@ pub enum ShapePolicy {
     /// `total_sequence` = `past_sequence` + new tokens; one plan for the prompt and one for
     /// every decode step).
     DynamicDims(Vec<String>),
+    /// As [`ShapePolicy::DynamicDims`] over `tied` (the anchor, then the names planned as the
+    /// anchor plus an offset), and the dimensions declared with one of the `free` names
+    /// symbolic too, each its own symbol: e.g. a decoder's prompt, `tied` its length and the
+    /// mask's, `free` its batch (one plan for every prompt length and batch size).
+    DynamicDimsFree {
+        /// The anchor, then the names tied to it.
+        tied: Vec<String>,
+        /// Names kept symbolic on their own.
+        free: Vec<String>,
+    },
     /// One plan per distinct set of input shapes.
     PerShape,
 }

@@ -121,9 +121,8 @@ impl Plan {
             .into_typed()
             .context("tract cannot infer the graph's types and shapes")?;
         crate::memory::check_typed_outputs(&typed, budget)?;
-        let optimized = typed
-            .into_optimized()
-            .context("tract cannot optimize the graph")?;
+        let optimized =
+            optimize(typed, key.is_symbolic()).context("tract cannot optimize the graph")?;
         let options = RunOptions {
             executor: Some(Executor::MultiThread(threads.pool().clone())),
             ..Default::default()
@@ -189,6 +188,24 @@ impl Plan {
         )?;
         Ok(outputs)
     }
+}
+
+/// tract's optimization of `typed` (declutter, then codegen), as `into_optimized` does it;
+/// without tract's `FoldUniformMask` for a `symbolic` plan. That pass splits an op fed a boolean
+/// mask into the regions where the mask is known true or false; on a decoder's causal mask with
+/// the query length symbolic (a prompt's plan), tract 0.23.9 leaves a constant of two rows in
+/// its place (LLaMA's `And_1` gave `[1, 1, 2, 5]` for a 5-token prompt planned
+/// `[1, 1, sequence, sequence]`), which the run's shape check refused.
+fn optimize(mut typed: TypedModel, symbolic: bool) -> TractResult<TypedModel> {
+    let mut declutter = tract_onnx::tract_core::optim::Optimizer::declutter();
+    if symbolic {
+        declutter
+            .passes
+            .retain(|p| !format!("{p:?}").starts_with("FoldUniformMask"));
+    }
+    declutter.session().optimize(&mut typed)?;
+    typed.optimize()?;
+    Ok(typed)
 }
 
 /// The message of a caught panic (`panic!` with a format string or a literal).

@@ -18,7 +18,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::infer::InferenceFact;
 
 use crate::guard::guarded;
-use crate::options::SessionOptions;
+use crate::options::{SessionOptions, ShapePolicy};
 use crate::plan::{PlanCache, PlanKey, PlanStats};
 use crate::profile::{OpKinds, Profile};
 use crate::registry::{onnx_frontend_with, OpCounts};
@@ -34,7 +34,7 @@ struct InputSpec {
 
 /// A model ready to run on any input shapes it accepts: parsed by tract once, then planned
 /// (typed, optimized) per family of shapes, plans kept in a bounded cache
-/// ([`ShapePolicy`](crate::ShapePolicy)).
+/// ([`ShapePolicy`]).
 /// A session can be shared between threads; each run has its own state.
 pub struct Session {
     /// tract's parse of the graph; of each branch (false, then true) for a model whose graph
@@ -130,12 +130,7 @@ impl Session {
         options: &SessionOptions,
     ) -> Result<Session> {
         let session = Session::new(model, threads, what, options)?;
-        let refs: Vec<&NamedTensor> = session
-            .inputs
-            .iter()
-            .map(|spec| session.find_input(inputs, &spec.name))
-            .collect::<Result<_>>()?;
-        session.plan_for(&refs)?;
+        session.prepare(inputs)?;
         Ok(session)
     }
 
@@ -213,14 +208,28 @@ impl Session {
             .iter()
             .map(|spec| self.find_input(inputs, &spec.name).cloned())
             .collect::<Result<_>>()?;
-        self.run_ordered(used, profile)
+        self.run_ordered(used, profile, &self.options.shapes)
     }
 
     /// Runs the model once, consuming `inputs` (same rules as [`Session::run`]): the tensors
     /// move into tract without a copy, so the run's extra memory is the graph's intermediates
     /// and outputs only. Inputs the graph does not use are dropped.
     pub fn run_owned(&self, inputs: Vec<NamedTensor>) -> Result<Vec<NamedTensor>> {
-        Ok(self.run_ordered(self.order_inputs(inputs)?, false)?.0)
+        self.run_owned_with(inputs, &self.options.shapes)
+    }
+
+    /// [`Session::run_owned`] on the plan `policy` chooses for these inputs, in place of the
+    /// session's [`SessionOptions::shapes`]: e.g. a decoder's prompt planned with its length
+    /// symbolic, where the session keeps the past length symbolic for the decode steps. The
+    /// plans of every policy share the session's cache.
+    pub fn run_owned_with(
+        &self,
+        inputs: Vec<NamedTensor>,
+        policy: &ShapePolicy,
+    ) -> Result<Vec<NamedTensor>> {
+        Ok(self
+            .run_ordered(self.order_inputs(inputs)?, false, policy)?
+            .0)
     }
 
     /// [`Session::run_owned`], timing every node as [`Session::run_profiled`] does.
@@ -229,7 +238,8 @@ impl Session {
         inputs: Vec<NamedTensor>,
     ) -> Result<(Vec<NamedTensor>, Profile)> {
         let started = std::time::Instant::now();
-        let (outputs, profile) = self.run_ordered(self.order_inputs(inputs)?, true)?;
+        let ordered = self.order_inputs(inputs)?;
+        let (outputs, profile) = self.run_ordered(ordered, true, &self.options.shapes)?;
         let mut profile = profile.unwrap_or_default();
         profile.set_wall(started.elapsed());
         Ok((outputs, profile))
@@ -250,27 +260,36 @@ impl Session {
         Ok(ordered)
     }
 
-    /// Runs on the graph's inputs in order, moving them into tract.
     /// Makes the plan that will serve inputs of these shapes and element types (the values of
     /// `inputs` are not read), so that the run that needs it does not wait for it: e.g. the
     /// decode steps' plan, made while a generation's prompt runs. Nothing is made when a plan
     /// serves them already.
     pub fn prepare(&self, inputs: &[NamedTensor]) -> Result<()> {
-        let used: Vec<&NamedTensor> = self
-            .inputs
-            .iter()
-            .map(|spec| self.find_input(inputs, &spec.name))
-            .collect::<Result<_>>()?;
-        self.plan_for(&used).map(drop)
+        self.prepare_with(inputs, &self.options.shapes)
     }
 
+    /// [`Session::prepare`] for the runs of [`Session::run_owned_with`] under `policy`.
+    pub fn prepare_with(&self, inputs: &[NamedTensor], policy: &ShapePolicy) -> Result<()> {
+        self.plan_for(&self.inputs_of(inputs)?, policy).map(drop)
+    }
+
+    /// Makes the plan `policy` keys these inputs by, as [`Session::prepare_with`] does, or
+    /// returns why tract cannot make it: no concrete plan is made in its place and nothing is
+    /// recorded against the key, so a caller can try another policy.
+    pub fn try_prepare_with(&self, inputs: &[NamedTensor], policy: &ShapePolicy) -> Result<()> {
+        self.plan_exactly(&self.inputs_of(inputs)?, policy)
+    }
+
+    /// Runs on the graph's inputs in order, moving them into tract, on the plan `policy`
+    /// chooses.
     fn run_ordered(
         &self,
         ordered: Vec<NamedTensor>,
         profile: bool,
+        policy: &ShapePolicy,
     ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
         let refs: Vec<&NamedTensor> = ordered.iter().collect();
-        let plan = self.plan_for(&refs)?;
+        let plan = self.plan_for(&refs, policy)?;
         let shapes: Vec<(DatumType, Vec<usize>)> = ordered
             .iter()
             .map(|t| (t.tensor.datum_type(), t.tensor.shape().to_vec()))
@@ -280,6 +299,14 @@ impl Session {
             .map(|t| t.tensor.into_tvalue())
             .collect();
         self.run_plan_shapes(plan, values, &shapes, profile)
+    }
+
+    /// The graph's inputs, in order, found by name in `inputs`.
+    fn inputs_of<'a>(&self, inputs: &'a [NamedTensor]) -> Result<Vec<&'a NamedTensor>> {
+        self.inputs
+            .iter()
+            .map(|spec| self.find_input(inputs, &spec.name))
+            .collect()
     }
 
     fn find_input<'a>(&self, inputs: &'a [NamedTensor], name: &str) -> Result<&'a NamedTensor> {

@@ -112,6 +112,14 @@ pub(crate) trait Wrapper: std::fmt::Debug + Clone + Send + Sync + 'static {
     ) -> TractResult<TVec<OutletId>>;
 }
 
+/// The wrapper of `op` when `op` is a [`Wrapper`] of type `W` around tract's expansion (as
+/// [`OnnxParser::wrap_expansion`] parses it).
+pub(crate) fn wrapper_of<W: Wrapper>(op: &dyn InferenceOp) -> Option<&W> {
+    let expansion = op.as_op().downcast_ref::<Box<dyn Expansion>>()?;
+    let wrapped = expansion.as_any().downcast_ref::<Wrapped<W>>()?;
+    Some(&wrapped.wrapper)
+}
+
 /// A [`Wrapper`] around tract's expansion: tract's outputs and shape rules after the wrapper's,
 /// the wrapper's wiring.
 #[derive(Debug, Clone)]

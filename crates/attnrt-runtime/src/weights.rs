@@ -10,12 +10,16 @@
 //!   the projection kernel at once, and those nodes become `PackedProjection` / `PackedGemm`
 //!   (`packed.rs`): the packed panels are the weight's only copy in the session, shared by
 //!   every plan;
+//! - a table read only by `Gather`s of whole rows (an embedding table) stays where it is: the
+//!   lookups copy the rows they need from the model's bytes (`embedding.rs`), so only those
+//!   rows' pages of the mapped file become resident;
 //! - any other becomes a tract constant, built from the bytes, shared by every plan.
 //!
-//! The bytes come from the model: slices of the mapped model file (`attnrt_onnx::mapped`), whose
-//! pages are given back once copied here, so resident memory holds each weight once. Sessions
-//! built from the same mapped bytes (the fused and unfused sessions of `attnrt run`) share the
-//! packed weights and constants too ([`Shared`]).
+//! The bytes come from the model: slices of the mapped model file or of its mapped external
+//! data (`attnrt_onnx::mapped`; initializers inline in the `.onnx` and external ones alike),
+//! whose pages are given back once copied here, so resident memory holds each weight once.
+//! Sessions built from the same mapped bytes (the fused and unfused sessions of `attnrt run`)
+//! share the packed weights and constants too ([`Shared`]), and read the same embedding bytes.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, Weak};
@@ -31,6 +35,8 @@ use tract_onnx::tract_hir::internal::*;
 use tract_onnx::tract_hir::ops::expandable::expand;
 use tract_onnx::tract_hir::ops::konst::Const;
 
+use crate::embedding::{EmbeddingLookup, EmbeddingTable};
+use crate::gather;
 use crate::packed::{PackedGemm, PackedProjection};
 use crate::projection::{ProjectionGemm, ProjectionMatMul};
 
@@ -113,8 +119,20 @@ fn datum_type(data_type: i32) -> Option<DatumType> {
 enum Home {
     /// Packed for the projection kernel; these nodes read it.
     Packed(Arc<PackedWeight>, Vec<(usize, Reader)>),
+    /// Left in the model's bytes; these row `Gather`s (node id, ONNX name) read it in place.
+    Table(EmbeddingTable, Vec<(usize, String)>),
     /// A tract constant.
     Const(Arc<Tensor>),
+}
+
+/// How the nodes of the parsed graph read a held weight.
+enum Readers {
+    /// Only attnrt's projections, as their `B`, all the same way round.
+    Projections(Vec<(usize, Reader)>),
+    /// Only `Gather`s of whole rows, as their data.
+    Rows(Vec<(usize, String)>),
+    /// Anything else.
+    Other,
 }
 
 /// A projection node that reads a packable weight as its `B`, as parsed.
@@ -142,7 +160,7 @@ pub(crate) fn place(model: &mut InferenceModel, held: Vec<HeldWeight>) -> TractR
     let readers: Vec<_> = held
         .iter()
         .zip(&ids)
-        .map(|(w, &id)| projection_readers(model, w, id))
+        .map(|(w, &id)| readers_of(model, w, id))
         .collect();
     // Largest first, handed out in that order: while a weight is copied its file pages add to
     // the copies made so far, so the last ones in flight, when those copies are nearly all made,
@@ -156,7 +174,10 @@ pub(crate) fn place(model: &mut InferenceModel, held: Vec<HeldWeight>) -> TractR
             let home = home_of(w, readers);
             // The values are in the session's memory now: the file's pages are not needed (and
             // giving them back at once keeps the file's pages and the copies from adding up).
-            attnrt_onnx::mapped::release(&w.data);
+            // A table read in place was not read at all.
+            if !matches!(home, Ok(Home::Table(..))) {
+                attnrt_onnx::mapped::release(&w.data);
+            }
             (i, home)
         })
         .collect();
@@ -176,6 +197,13 @@ pub(crate) fn place(model: &mut InferenceModel, held: Vec<HeldWeight>) -> TractR
                 // What stays in the weight's place: a constant no node reads.
                 tensor0(0f32).into_arc_tensor()
             }
+            Home::Table(table, readers) => {
+                model.node_mut(id).outputs[0].successors.clear();
+                for (r, node) in readers {
+                    read_in_place(model, r, node, &table);
+                }
+                tensor0(0f32).into_arc_tensor()
+            }
         };
         let node = model.node_mut(id);
         node.outputs[0].fact = InferenceFact::from(TypedFact::try_from(konst.clone())?);
@@ -185,20 +213,47 @@ pub(crate) fn place(model: &mut InferenceModel, held: Vec<HeldWeight>) -> TractR
     Ok(())
 }
 
-/// The nodes that read `w` (node `id`) when all of them are attnrt's projections taking it as
-/// their `B`, all the same way round, and `w` is a float32 matrix that is not a graph output;
-/// `None` otherwise.
+/// How the nodes of `model` read `w` (node `id`); a weight that is a graph output is read by
+/// the caller too ([`Readers::Other`]).
+fn readers_of(model: &InferenceModel, w: &HeldWeight, id: usize) -> Readers {
+    let Some(output) = model.node(id).outputs.first() else {
+        return Readers::Other;
+    };
+    if model.outputs.iter().any(|o| o.node == id) {
+        return Readers::Other;
+    }
+    let inlets = &output.successors;
+    let node = |inlet: &InletId| model.node(inlet.node);
+    if let Some(readers) = projection_readers(model, w, inlets) {
+        return Readers::Projections(readers);
+    }
+    let rows = inlets
+        .iter()
+        .map(|i| Some((i.node, gather::row_gather(node(i), i.slot, w.dims.len())?)))
+        .collect::<Option<Vec<_>>>();
+    match rows {
+        Some(rows) if !rows.is_empty() => Readers::Rows(rows),
+        _ => Readers::Other,
+    }
+}
+
+/// The nodes at `inlets` when all of them are attnrt's projections taking `w` as their `B`,
+/// all the same way round, and `w` is a float32 matrix whose bytes hold its values (a short
+/// one is left to the constant's checked build); `None` otherwise.
 fn projection_readers(
     model: &InferenceModel,
     w: &HeldWeight,
-    id: usize,
+    inlets: &[InletId],
 ) -> Option<Vec<(usize, Reader)>> {
-    let successors = &model.node(id).outputs.first()?.successors;
-    let is_output = model.outputs.iter().any(|o| o.node == id);
-    if w.data_type != DataType::Float as i32 || w.dims.len() != 2 || is_output {
+    let &[rows, cols] = &w.dims[..] else {
+        return None;
+    };
+    let (rows, cols) = (usize::try_from(rows).ok()?, usize::try_from(cols).ok()?);
+    let bytes = rows.checked_mul(cols).and_then(|v| v.checked_mul(4));
+    if w.data_type != DataType::Float as i32 || bytes != Some(w.data.len()) {
         return None;
     }
-    let readers = successors
+    let readers = inlets
         .iter()
         .map(|inlet| Some((inlet.node, reader_of(model.node(inlet.node), inlet.slot)?)))
         .collect::<Option<Vec<_>>>()?;
@@ -227,50 +282,48 @@ fn reader_of(node: &InferenceNode, slot: usize) -> Option<Reader> {
     (!g.trans_a && (2..=3).contains(&node.inputs.len())).then(|| Reader::Gemm(g.clone()))
 }
 
-/// The weight packed for `readers`, or as a tract constant.
-fn home_of(w: &HeldWeight, readers: Option<Vec<(usize, Reader)>>) -> TractResult<Home> {
+/// The weight packed for its projection `readers`, left in place for its row `Gather`s, or as
+/// a tract constant.
+fn home_of(w: &HeldWeight, readers: Readers) -> TractResult<Home> {
     let shape: Vec<usize> = w.dims.iter().map(|&d| d as usize).collect();
+    let dt = datum_type(w.data_type).context("held weight of an unread type")?;
     match readers {
-        Some(readers) => {
+        Readers::Projections(readers) => {
             let transposed = readers.first().is_some_and(|(_, r)| r.transposed());
             let key = (Kind::Packed { transposed }, w.data.clone());
             let packed = SHARED.packed.get_or_make(key, || {
                 let (rows, cols) = (shape[0], shape[1]);
-                Ok(with_f32(&w.data, |ws| {
-                    if transposed {
-                        // `w` is `[N, K]`: element (k, j) of the product's weight is `w[j][k]`.
-                        PackedWeight::from_strided(ws, cols, rows, 1, cols)
-                    } else {
-                        PackedWeight::new(ws, rows, cols)
-                    }
-                }))
+                // Read from the bytes as they lie (inline weights sit at any offset of the
+                // file), each value once, panels in parallel.
+                Ok(if transposed {
+                    // `w` is `[N, K]`: element (k, j) of the product's weight is `w[j][k]`.
+                    PackedWeight::from_le_bytes(&w.data, cols, rows, 1, cols)
+                } else {
+                    PackedWeight::from_le_bytes(&w.data, rows, cols, cols, 1)
+                })
             })?;
             Ok(Home::Packed(packed, readers))
         }
-        None => {
-            let dt = datum_type(w.data_type).context("held weight of an unread type")?;
-            let key = (Kind::Const(dt), w.data.clone());
-            let tensor = SHARED
-                .consts
-                .get_or_make(key, || tensor_from_bytes(dt, &shape, &w.data))
-                .with_context(|| format!("initializer '{}'", w.name))?;
-            Ok(Home::Const(tensor))
+        // The rows are copied as they are: ONNX's little-endian bytes are tract's values only
+        // on a little-endian target.
+        Readers::Rows(readers) if cfg!(target_endian = "little") => {
+            match EmbeddingTable::new(w.data.clone(), dt, shape.clone()) {
+                Some(table) => Ok(Home::Table(table, readers)),
+                None => constant(w, dt, &shape),
+            }
         }
+        Readers::Rows(_) | Readers::Other => constant(w, dt, &shape),
     }
 }
 
-/// Calls `f` on `data` read as float32 values (little-endian), in place when aligned.
-fn with_f32<R>(data: &[u8], f: impl FnOnce(&[f32]) -> R) -> R {
-    // Safety: every bit pattern is an f32; `align_to` puts only whole, aligned values in `mid`.
-    let (head, mid, tail) = unsafe { data.align_to::<f32>() };
-    if head.is_empty() && tail.is_empty() && cfg!(target_endian = "little") {
-        return f(mid);
-    }
-    let values: Vec<f32> = data
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    f(&values)
+/// `w` as a tract constant of `dt` and `shape` (one per mapped bytes, shared by sessions).
+fn constant(w: &HeldWeight, dt: DatumType, shape: &[usize]) -> TractResult<Home> {
+    let key = (Kind::Const(dt), w.data.clone());
+    let tensor = SHARED
+        .consts
+        .get_or_make(key, || tensor_from_bytes(dt, shape, &w.data))
+        .with_context(|| format!("initializer '{}'", w.name))?;
+    Ok(Home::Const(tensor))
 }
 
 /// A tract tensor of `dt` and `shape` from its little-endian bytes.
@@ -323,6 +376,26 @@ fn read_packed(
         }
     }
     Ok(())
+}
+
+/// Makes node `id`, a row `Gather` named `node` in the model, read `table` in place instead of
+/// its data input, which it no longer has (its indices move up to input 0).
+fn read_in_place(model: &mut InferenceModel, id: usize, node: String, table: &EmbeddingTable) {
+    let lookup = EmbeddingLookup {
+        node,
+        table: table.clone(),
+    };
+    let n = model.node_mut(id);
+    n.op = expand(lookup);
+    n.inputs.remove(0);
+    let indices = n.inputs[0];
+    let successors = &mut model.node_mut(indices.node).outputs[indices.slot].successors;
+    for inlet in successors
+        .iter_mut()
+        .filter(|i| i.node == id && i.slot == 1)
+    {
+        inlet.slot = 0;
+    }
 }
 
 /// What a weight's bytes were made into.

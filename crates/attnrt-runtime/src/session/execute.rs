@@ -7,16 +7,21 @@ use tract_onnx::prelude::*;
 use super::keys::key_str;
 use super::Session;
 use crate::guard::guarded;
+use crate::options::ShapePolicy;
 use crate::plan::{Plan, PlanKey};
 use crate::profile::Profile;
 use crate::registry::is_operation;
 use crate::tensor::NamedTensor;
 
 impl Session {
-    /// The plan serving `inputs`: cached, or built now. A symbolic plan that tract cannot make
-    /// is recorded as refused and these exact shapes are planned instead.
-    pub(super) fn plan_for(&self, inputs: &[&NamedTensor]) -> Result<(PlanKey, Plan)> {
-        let key = self.key_for(inputs)?;
+    /// The plan serving `inputs` under `policy`: cached, or built now. A symbolic plan that
+    /// tract cannot make is recorded as refused and these exact shapes are planned instead.
+    pub(super) fn plan_for(
+        &self,
+        inputs: &[&NamedTensor],
+        policy: &ShapePolicy,
+    ) -> Result<(PlanKey, Plan)> {
+        let key = self.key_for(inputs, policy)?;
         let shapes: Vec<(DatumType, Vec<usize>)> = inputs
             .iter()
             .map(|t| (t.tensor.datum_type(), t.tensor.shape().to_vec()))
@@ -45,6 +50,21 @@ impl Session {
                 Ok((concrete.clone(), self.build_plan(&concrete)?))
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// Makes the plan `policy` keys `inputs` by, unless cached: its failure is returned, with no
+    /// concrete plan in its place and nothing recorded.
+    pub(super) fn plan_exactly(&self, inputs: &[&NamedTensor], policy: &ShapePolicy) -> Result<()> {
+        let key = self.key_for(inputs, policy)?;
+        let cached = self
+            .plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key);
+        match cached {
+            Some(_) => Ok(()),
+            None => self.build_plan(&key).map(drop),
         }
     }
 

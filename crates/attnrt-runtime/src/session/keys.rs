@@ -10,11 +10,13 @@ use crate::plan::{self, DimKey, PlanKey};
 use crate::tensor::NamedTensor;
 
 impl Session {
-    /// The key of the plan that serves these inputs under the session's policy. Refuses an
-    /// input whose rank differs from the declared one.
-    pub(super) fn key_for(&self, inputs: &[&NamedTensor]) -> Result<PlanKey> {
-        let anchor = match &self.options.shapes {
-            ShapePolicy::DynamicDims(names) => names.first().cloned(),
+    /// The key of the plan that serves these inputs under `policy` (the session's, or a run's
+    /// own). Refuses an input whose rank differs from the declared one.
+    pub(super) fn key_for(&self, inputs: &[&NamedTensor], policy: &ShapePolicy) -> Result<PlanKey> {
+        let anchor = match policy {
+            ShapePolicy::DynamicDims(names) | ShapePolicy::DynamicDimsFree { tied: names, .. } => {
+                names.first().cloned()
+            }
             _ => None,
         };
         let anchor_value = anchor.as_ref().and_then(|a| self.symbol_value(a, inputs));
@@ -35,7 +37,8 @@ impl Session {
                 .iter()
                 .enumerate()
                 .map(|(axis, &size)| {
-                    self.dim_key(&spec.fact, axis, size, anchor.as_deref(), anchor_value)
+                    let anchor = (anchor.as_deref(), anchor_value);
+                    dim_key(policy, &spec.fact, axis, size, anchor)
                 })
                 .collect();
             key.push((t.tensor.datum_type(), dims));
@@ -66,41 +69,6 @@ impl Session {
         }
     }
 
-    /// How `axis` of an input is planned: symbolic when the policy keeps its declared name
-    /// symbolic and the file does not fix its size (a size the file fixes but the caller
-    /// contradicts is bound, as given); tied to the anchor for the other kept names.
-    fn dim_key(
-        &self,
-        fact: &InferenceFact,
-        axis: usize,
-        size: usize,
-        anchor: Option<&str>,
-        anchor_value: Option<usize>,
-    ) -> DimKey {
-        if plan::declared_static(fact, axis).is_some() {
-            return DimKey::Bound(size);
-        }
-        let names = match &self.options.shapes {
-            ShapePolicy::PerShape => return DimKey::Bound(size),
-            ShapePolicy::Dynamic => return DimKey::Symbolic,
-            ShapePolicy::DynamicDims(names) => names,
-        };
-        let syms = plan::declared_symbols(fact, axis);
-        let kept = !syms.is_empty() && syms.iter().all(|s| names.contains(s));
-        // An expression over the anchor and names other axes bind (optimum's mask, `[batch,
-        // past_sequence_length + sequence_length]`): its size less the anchor's is the bound
-        // part, so it is tied like a kept name (else every decode step planned anew).
-        let over_anchor = syms.len() > 1 && anchor.is_some_and(|a| syms.iter().any(|s| s == a));
-        match (anchor, anchor_value) {
-            (Some(a), _) if kept && syms.len() == 1 && syms[0] == a => DimKey::Symbolic,
-            (Some(_), Some(v)) if (kept && syms.len() == 1) || over_anchor => {
-                DimKey::Tied(size as i64 - v as i64)
-            }
-            // Not kept, or a kept name with no anchor value to relate it to: bound.
-            _ => DimKey::Bound(size),
-        }
-    }
-
     /// The size the inputs give the declared symbol `name` (the first axis declared as it).
     fn symbol_value(&self, name: &str, inputs: &[&NamedTensor]) -> Option<usize> {
         self.inputs.iter().zip(inputs).find_map(|(spec, t)| {
@@ -109,6 +77,46 @@ impl Session {
                 (syms.len() == 1 && syms[0] == name).then(|| t.tensor.shape()[axis])
             })
         })
+    }
+}
+
+/// How `axis` of an input is planned under `policy`: symbolic when it keeps its declared name
+/// symbolic (as the anchor, or free) and the file does not fix its size (a size the file fixes
+/// but the caller contradicts is bound, as given); tied to the anchor for the other kept names.
+fn dim_key(
+    policy: &ShapePolicy,
+    fact: &InferenceFact,
+    axis: usize,
+    size: usize,
+    (anchor, anchor_value): (Option<&str>, Option<usize>),
+) -> DimKey {
+    if plan::declared_static(fact, axis).is_some() {
+        return DimKey::Bound(size);
+    }
+    let (names, free) = match policy {
+        ShapePolicy::PerShape => return DimKey::Bound(size),
+        ShapePolicy::Dynamic => return DimKey::Symbolic,
+        ShapePolicy::DynamicDims(names) => (names, &[][..]),
+        ShapePolicy::DynamicDimsFree { tied, free } => (tied, &free[..]),
+    };
+    let syms = plan::declared_symbols(fact, axis);
+    if let [sym] = &syms[..] {
+        if free.contains(sym) {
+            return DimKey::Symbolic;
+        }
+    }
+    let kept = !syms.is_empty() && syms.iter().all(|s| names.contains(s));
+    // An expression over the anchor and names other axes bind (optimum's mask, `[batch,
+    // past_sequence_length + sequence_length]`): its size less the anchor's is the bound
+    // part, so it is tied like a kept name (else every decode step planned anew).
+    let over_anchor = syms.len() > 1 && anchor.is_some_and(|a| syms.iter().any(|s| s == a));
+    match (anchor, anchor_value) {
+        (Some(a), _) if kept && syms.len() == 1 && syms[0] == a => DimKey::Symbolic,
+        (Some(_), Some(v)) if (kept && syms.len() == 1) || over_anchor => {
+            DimKey::Tied(size as i64 - v as i64)
+        }
+        // Not kept, or a kept name with no anchor value to relate it to: bound.
+        _ => DimKey::Bound(size),
     }
 }
 

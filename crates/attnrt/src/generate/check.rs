@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use super::generation::choose;
 use super::sampling::Sampler;
-use super::step::{last_logits, StepInputs};
+use super::step::{at_positions_of, last_logits, StepInputs};
 use super::{Generator, StepCheck};
 use crate::harness::{diff_tensor, OutputDiff, Tolerance};
 
@@ -61,6 +61,7 @@ impl Generator {
         ours: Ours,
         tol: Tolerance,
     ) -> Result<StepCheck> {
+        let prompt = t.past() == 0;
         let feeds = t.take_tensors()?;
         let kept = feeds.clone();
         let recorder = QuantPins::recorder();
@@ -69,12 +70,14 @@ impl Generator {
         let mut twins = ours.samplers.clone();
         let reference_tokens = choose(&mut twins, ours.seen, &last_logits(&reference_logits)?)?;
         let name = &self.signature.logits;
+        // the reference's logits at the positions ours were computed at (`last_position.rs`)
+        let reference_logits = at_positions_of(&reference_logits, ours.logits)?;
         let logits = diff_tensor(name, ours.logits, &reference_logits, tol);
         let mut ok = logits.ok && reference_tokens == ours.tokens;
         let mut pinned = None;
         if !ok && recorder.recorded() > 0 {
             let pins = QuantPins::replayer(&recorder, tol.atol as f32, tol.rtol as f32);
-            let outputs = pins.during(|| self.session.run_owned(kept))?;
+            let outputs = pins.during(|| self.run_on(&self.session, kept, prompt))?;
             let again = outputs
                 .into_iter()
                 .find(|o| o.name == *name)

@@ -2,9 +2,13 @@
 //! empty past (the prefill), then one token per step, every present output fed back as the next
 //! step's past. Several prompts run as one batch, one row each, padded on the left
 //! (`step.rs`); a row that made its end-of-sequence token is finished and no longer changes.
-//! One [`Session`] serves every step: the past length stays symbolic in its plans
-//! ([`ShapePolicy::DynamicDims`]), so a step costs the step; the decode steps' plan is made
-//! while the prompt runs.
+//! One [`Session`] serves every step: the past length stays symbolic in the decode steps' plans
+//! ([`ShapePolicy::DynamicDims`]) and the prompt's length in the prompt's, so a step costs the
+//! step. A decoder-only model's prompt plan (its batch symbolic too where tract can plan that)
+//! and single-row decode plan are made when the generator is built; another batch size's decode
+//! plan is made while its prompt runs. A step's logits are computed at its last position only
+//! where the graph allows it exactly (`last_position.rs`): the prompt's other positions never
+//! choose a token.
 //!
 //! With a check, the original (unfused) graph runs in lockstep on its own session and its own
 //! cache; a step whose token differs, or whose logits differ beyond the tolerance, fails the
@@ -24,6 +28,7 @@ mod check;
 pub mod context;
 mod encoder;
 mod generation;
+mod last_position;
 pub mod sampling;
 mod signature;
 mod step;
@@ -118,9 +123,10 @@ pub struct StepReport {
     pub tokens: Vec<Option<i64>>,
     /// Wall time of the model run, in milliseconds (the reference's not included).
     pub ms: f64,
-    /// The time spent making plans while the step ran, in milliseconds: the prompt's plan, and
+    /// The time spent making plans while the step ran, in milliseconds: for the prefill, the
+    /// prompt's plan when none served it yet (a single row's is made with the generator), and
     /// the decode steps' plan, made on its own thread alongside the prompt (so the prefill's
-    /// figure may exceed its wall time, and the decode steps' is 0).
+    /// figure may exceed its wall time); the decode steps' is 0.
     pub planning_ms: f64,
     /// The lockstep comparison, with a check.
     pub check: Option<StepCheck>,
@@ -210,6 +216,11 @@ pub struct Generator {
     first_step: Option<(Session, Option<Session>)>,
     /// The decoder's name in errors.
     what: String,
+    /// How the prompt step's plan is keyed (its length symbolic, its batch too where tract can
+    /// plan that), when the decoder's token ids name their length; `None`: as the decode steps'.
+    prompt_policy: Option<ShapePolicy>,
+    /// Whether the decoder's logits are computed at the last position only (`last_position.rs`).
+    last_position: bool,
 }
 
 /// A session for `model` and one for `reference` (the graph to check against) when given.
@@ -261,8 +272,17 @@ impl Generator {
             shapes: ShapePolicy::DynamicDims(signature.dynamic_dims()),
             ..options.clone()
         };
-        let (session, reference) = sessions(model, reference, threads, what, &options)?;
-        let generator = Generator {
+        let sliced = last_position::logits_at_last_position(model, &signature.logits);
+        let decoder_only = signature.encoder_states.is_none() && signature.cross_cache.is_empty();
+        let (session, reference) = sessions(
+            sliced.as_ref().unwrap_or(model),
+            reference,
+            threads,
+            what,
+            &options,
+        )?;
+        let mut generator = Generator {
+            prompt_policy: None,
             signature,
             context,
             session: Arc::new(session),
@@ -270,27 +290,39 @@ impl Generator {
             encoder: None,
             first_step: None,
             what: what.to_string(),
+            last_position: sliced.is_some(),
         };
-        generator.prepare_decode_steps();
+        if decoder_only {
+            generator.prompt_policy = generator.prepare_first_steps();
+        }
         Ok(generator)
     }
 
-    /// Makes the plan of the one-token steps of a single row while the model loads (the past
-    /// length is symbolic in it, so it serves every decode step of a batch of one): the prompt
-    /// step then neither waits for it nor shares the cores with its making. Not for
+    /// Makes the prompt's plan (its length symbolic, its batch too where tract can plan that)
+    /// and a single row's decode steps' plan (the past length symbolic) while the model loads:
+    /// the first token then costs the prompt's compute, not a plan, and a single row's prompt
+    /// step does not share the cores with making the decode steps' plan. Returns how the
+    /// prompt's plan is keyed: the first of [`DecoderSignature::prompt_shapes`] tract can plan
+    /// (`None`: none, the prompt planned as before, for its own shapes). Not for
     /// encoder–decoders (their steps' shapes follow the encoder's); a plan that cannot be made
-    /// now is made by the step that needs it, as for other batch sizes.
-    fn prepare_decode_steps(&self) {
-        if self.signature.encoder_states.is_some() || !self.signature.cross_cache.is_empty() {
-            return;
-        }
-        let one_row = [vec![0]];
-        let shapes = StepInputs::prefill(&self.signature, &one_row, None)
-            .and_then(|step| step.next_step_shapes(&self.signature));
-        if let Ok(shapes) = shapes {
-            // A failure here is the decode step's to report, when it comes.
+    /// now is made by the step that needs it, as another batch size's decode plan is.
+    fn prepare_first_steps(&self) -> Option<ShapePolicy> {
+        let prompt = StepInputs::prefill(&self.signature, &[vec![0]], None).ok()?;
+        let policy = prompt.clone().take_tensors().ok().and_then(|shapes| {
+            let mut policies = self.signature.prompt_shapes().into_iter();
+            policies.find(|p| self.session.try_prepare_with(&shapes, p).is_ok())
+        });
+        // A failure here is the decode step's to report, when it comes.
+        if let Ok(shapes) = prompt.next_step_shapes(&self.signature) {
             let _ = self.session.prepare(&shapes);
         }
+        policy
+    }
+
+    /// Whether the decoder's logits are computed at the last position of a step only (the
+    /// graph's output product sliced to it before it runs), not at every position fed.
+    pub fn last_position_logits(&self) -> bool {
+        self.last_position
     }
 
     /// This decoder (with past: optimum's `decoder_with_past_model.onnx`, which takes the
@@ -307,6 +339,8 @@ impl Generator {
         options: &SessionOptions,
     ) -> Result<Generator> {
         self.signature.adopt_first_step(model, what, &self.what)?;
+        let sliced = last_position::logits_at_last_position(model, &self.signature.logits);
+        let model = sliced.as_ref().unwrap_or(model);
         self.first_step = Some(sessions(model, reference, threads, what, options)?);
         Ok(self)
     }
@@ -505,7 +539,7 @@ impl Generator {
         };
         let planned_before = self.planning_ms();
         let started = Instant::now();
-        let outputs = session.run_owned(g.ours.take_tensors()?)?;
+        let outputs = self.run_on(session, g.ours.take_tensors()?, g.steps.is_empty())?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
         let planning_ms = self.planning_ms() - planned_before;
         let logits = g.ours.take_outputs(&self.signature, outputs)?;
@@ -536,6 +570,21 @@ impl Generator {
             planning_ms,
             check,
         })
+    }
+
+    /// Runs a step's `inputs` on `session`: the prefill (`prompt`) on the prompt's plan, its
+    /// length symbolic, when the decoder makes its own first step and names that length.
+    fn run_on(
+        &self,
+        session: &Session,
+        inputs: Vec<NamedTensor>,
+        prompt: bool,
+    ) -> Result<Vec<NamedTensor>> {
+        let policy = self.prompt_policy.as_ref();
+        match policy.filter(|_| prompt && self.first_step.is_none()) {
+            Some(policy) => session.run_owned_with(inputs, policy),
+            None => session.run_owned(inputs),
+        }
     }
 
     /// The time the sessions (the decoder's, and the first step's) spent making plans, in ms.

@@ -9,7 +9,7 @@
 use anyhow::{bail, Context, Result};
 use attnrt_onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
 use attnrt_onnx::{DataType, GraphProto, ModelProto, ValueInfoProto};
-use attnrt_runtime::DatumType;
+use attnrt_runtime::{DatumType, ShapePolicy};
 use serde::Serialize;
 
 /// One cached tensor: the past input and the present output that is fed back as it next step.
@@ -58,6 +58,10 @@ pub struct DecoderSignature {
     pub past_dim: String,
     /// The `dim_param` of the attention mask's length, when it is its own name.
     pub total_dim: Option<String>,
+    /// The `dim_param` of the tokens fed in a step (axis 1 of the token ids), when it has one.
+    pub sequence_dim: Option<String>,
+    /// The `dim_param` of the batch (axis 0 of the token ids), when it has one.
+    pub batch_dim: Option<String>,
     /// The boolean input that chooses a merged decoder's branch (optimum's
     /// `use_cache_branch`): fed false on the first step (no cache yet), true after.
     pub cache_branch: Option<String>,
@@ -171,6 +175,16 @@ impl DecoderSignature {
             .and_then(|i| dims(i))
             .and_then(|(_, d)| d.get(1).and_then(param).map(str::to_string))
             .filter(|t| *t != past_dim);
+        let ids_dim = |axis: usize| {
+            inputs
+                .iter()
+                .find(|i| i.name == input_ids)
+                .and_then(|i| dims(i))
+                .and_then(|(_, d)| d.get(axis).and_then(param).map(str::to_string))
+                .filter(|s| *s != past_dim)
+        };
+        let (batch_dim, sequence_dim) = (ids_dim(0), ids_dim(1));
+        let batch_dim = batch_dim.filter(|b| Some(b) != sequence_dim.as_ref());
         let presents: Vec<&CacheSlot> = cache.iter().chain(&cross_cache).collect();
         let (logits, vocab) = logits_output(&outputs, &presents, what)?;
         Ok(DecoderSignature {
@@ -186,6 +200,8 @@ impl DecoderSignature {
             vocab,
             past_dim,
             total_dim,
+            sequence_dim,
+            batch_dim,
             cache_branch,
         })
     }
@@ -240,6 +256,29 @@ impl DecoderSignature {
         std::iter::once(self.past_dim.clone())
             .chain(self.total_dim.clone())
             .collect()
+    }
+
+    /// How a prompt's plan may be keyed, so that one plan serves every prompt length (and
+    /// batch size), best first: the tokens fed symbolic (the anchor), the mask's length tied to
+    /// it (the past is empty: bound to 0), the batch symbolic on its own; then the same with the
+    /// batch bound (tract cannot plan every graph with two free symbols: the TorchScript
+    /// exports flatten a `[batch, length]` tensor, and tract's `Flatten` refuses two symbols).
+    /// Empty when the token ids' length has no name of its own.
+    pub fn prompt_shapes(&self) -> Vec<ShapePolicy> {
+        let Some(sequence) = self.sequence_dim.clone() else {
+            return Vec::new();
+        };
+        let tied: Vec<String> = std::iter::once(sequence)
+            .chain(self.total_dim.clone())
+            .collect();
+        let free = self.batch_dim.iter().cloned().collect();
+        vec![
+            ShapePolicy::DynamicDimsFree {
+                tied: tied.clone(),
+                free,
+            },
+            ShapePolicy::DynamicDims(tied),
+        ]
     }
 }
 

@@ -177,7 +177,8 @@ impl StepInputs {
         Ok(t)
     }
 
-    /// Takes a step's outputs: the presents become the cache, the logits are returned.
+    /// Takes a step's outputs: the presents become the cache, the logits (of every position fed,
+    /// or of the last only) are returned.
     pub fn take_outputs(
         &mut self,
         sig: &DecoderSignature,
@@ -212,9 +213,14 @@ impl StepInputs {
             });
         }
         let logits = take(&sig.logits)?;
-        if logits.rank() != 3 || logits.shape()[..2] != [batch, fed] {
+        // every position fed, or the last one only (`last_position.rs`)
+        if logits.rank() != 3
+            || logits.shape()[0] != batch
+            || ![fed, 1].contains(&logits.shape()[1])
+        {
             bail!(
-                "output '{}' is {:?}, expected [{batch}, {fed}, vocab]",
+                "output '{}' is {:?}, expected [{batch}, {fed}, vocab] (or [{batch}, 1, vocab]: \
+                 the last position only)",
                 sig.logits,
                 logits.shape(),
             );
@@ -262,4 +268,14 @@ pub fn last_logits(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
             data[last..last + vocab].to_vec()
         })
         .collect())
+}
+
+/// `logits` at the positions `like` has: their last position when `like` has only that one (a
+/// decoder whose logits are computed at the last position only), else all of them.
+pub fn at_positions_of(logits: &Tensor, like: &Tensor) -> Result<Tensor> {
+    let (fed, wanted) = (logits.shape()[1], like.shape()[1]);
+    if wanted == fed || wanted != 1 {
+        return Ok(logits.clone());
+    }
+    logits.slice(1, fed - 1, fed)
 }

@@ -15,8 +15,8 @@ use attnrt_fusion::{FusionOptions, FusionReport};
 use attnrt_onnx::ModelProto;
 use attnrt_runtime::quant_pins::{PinReport, QuantPins};
 use attnrt_runtime::{
-    run_once_with_options, DatumType, MemoryBudget, NamedTensor, OpCounts, Profile, RunResult,
-    SessionOptions, ShapePolicy, Threads,
+    run_once_in_session, DatumType, MemoryBudget, NamedTensor, OpCounts, Profile, RunResult,
+    Session, SessionOptions, ShapePolicy, Threads,
 };
 use serde::Serialize;
 
@@ -236,18 +236,27 @@ pub fn compare(
         max_memory: options.budget.clone(),
         ..SessionOptions::default()
     };
-    let run = |m: &ModelProto, what: String| -> Result<PathRun> {
-        Ok(run_once_with_options(m, inputs, threads, &what, &session, options.profile)?.into())
+    let run = |m: &ModelProto, what: String| -> Result<(Session, PathRun)> {
+        let (s, r) = run_once_in_session(m, inputs, threads, &what, &session, options.profile)?;
+        Ok((s, r.into()))
     };
-    let fused_run = fused_model
-        .as_ref()
-        .map(|m| run(m, format!("fused {name}")))
-        .transpose()?;
+    // The fused session lives until the other paths have run: their sessions share its packed
+    // weights and constants (the fused model shares the initializers' bytes), rather than
+    // making them again after it is gone (a second packing of every weight, and the allocator's
+    // pages of the first still resident beside it).
+    let (fused_session, fused_run) = match fused_model.as_ref() {
+        Some(m) => {
+            let (s, r) = run(m, format!("fused {name}"))?;
+            (Some(s), Some(r))
+        }
+        None => (None, None),
+    };
     // The unfused run records its activation quantizations, for `pinned` below.
     let recorder = QuantPins::recorder();
     let unfused_run = (fused_run.is_none() || !options.no_diff)
         .then(|| recorder.during(|| run(model, name.to_string())))
-        .transpose()?;
+        .transpose()?
+        .map(|(_, r)| r);
     let diffs = match (&fused_run, &unfused_run) {
         (Some(f), Some(u)) => Some(diff_outputs(&f.outputs, &u.outputs, options.tolerance)),
         _ => None,
@@ -257,7 +266,8 @@ pub fn compare(
         (Some(m), Some(u)) if flipped => {
             let f32_tol = options.tolerance.for_dtype(DatumType::F32);
             let pins = QuantPins::replayer(&recorder, f32_tol.atol as f32, f32_tol.rtol as f32);
-            let again = pins.during(|| run(m, format!("fused {name} (quantization pinned)")))?;
+            let (_, again) =
+                pins.during(|| run(m, format!("fused {name} (quantization pinned)")))?;
             Some(PinnedDiffs {
                 pins: pins.report(),
                 diffs: diff_outputs(&again.outputs, &u.outputs, options.tolerance),
@@ -265,6 +275,7 @@ pub fn compare(
         }
         _ => None,
     };
+    drop(fused_session);
     let expect = expected.map(|exp| {
         let tol = options.expect_tolerance.unwrap_or(options.tolerance);
         [("fused", &fused_run), ("unfused", &unfused_run)]
