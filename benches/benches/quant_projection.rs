@@ -70,6 +70,7 @@ fn main() -> Result<()> {
                             let out = QuantOutput::Float {
                                 y: &mut y,
                                 scale: &scale,
+                                requantize: None,
                                 bias: Some(&bias),
                                 activation: None,
                             };

@@ -26,6 +26,13 @@ attnrt fp32 / attnrt fp16), the float16 outputs checked against ONNX Runtime's w
     python benches/python/whole_model_vs_ort.py --attnrt target/release/attnrt \\
         --dir ../large-models --model bert_base_eager.ts --case seq128 --threads 2 --half
 
+``--baseline OTHER_ATTNRT`` times a second attnrt binary (the build before a change) in the same
+rounds, the three timings in rotating order; its columns follow (its time, ORT / it, and
+baseline / attnrt: > 1 when the change made attnrt faster):
+
+    python benches/python/whole_model_vs_ort.py --attnrt target/release/attnrt \
+        --baseline ./attnrt-main --dir ../qdq-large --model bert_base_eager.ts.qint8 --case seq128
+
 ONNX Runtime runs the same ``MODEL.onnx`` file; ``--ort-model-suffix .ortopt`` makes it run
 ``MODEL.ortopt.onnx`` (its transformers optimizer's output, written by models/export_large.py)
 instead, its best baseline. Needs numpy and onnxruntime (tests/python/requirements.txt).
@@ -64,8 +71,8 @@ def ort_median_ms(sess: ort.InferenceSession, feeds: dict, warmup: int, reps: in
     return statistics.median(times)
 
 
-def attnrt_median_ms(args, model: Path, npz: Path) -> float:
-    cmd = [args.attnrt, "bench", str(model), "--input-npz", str(npz), "--threads",
+def attnrt_median_ms(args, model: Path, npz: Path, binary: str | None = None) -> float:
+    cmd = [binary or args.attnrt, "bench", str(model), "--input-npz", str(npz), "--threads",
            str(args.threads), "--reps", str(args.reps), "--warmup", str(args.warmup), "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return float(json.loads(out)["fused"]["median_ms"])
@@ -90,6 +97,40 @@ def check_outputs(args, model: Path, npz: Path, sess: ort.InferenceSession, feed
             sys.exit(f"{model.name}: output {name} differs from ONNX Runtime "
                      f"(max abs {diff.max():.3e})")
     return worst
+
+
+def timed_rounds(args, model: Path, npz: Path, sess, feeds: dict) -> dict[str, list[float]]:
+    """Per round, attnrt's, ONNX Runtime's (and with ``--baseline`` the baseline binary's)
+    median times, the order rotating from round to round."""
+    timers = {
+        "attnrt": lambda: attnrt_median_ms(args, model, npz),
+        "ort": lambda: ort_median_ms(sess, feeds, args.warmup, args.reps),
+    }
+    if args.baseline:
+        timers["baseline"] = lambda: attnrt_median_ms(args, model, npz, args.baseline)
+    times = {k: [] for k in timers}
+    order = list(timers)
+    for r in range(args.rounds):
+        at = r % len(order)
+        for k in order[at:] + order[:at]:
+            times[k].append(timers[k]())
+    return times
+
+
+def ratio_cell(num: list[float], den: list[float]) -> str:
+    """The median of the per-round ratios ``num / den``, and their range."""
+    ratios = [n / d for n, d in zip(num, den)]
+    return f"{statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def row(times: dict[str, list[float]]) -> str:
+    """The timing cells of a table row (see ``main``'s header)."""
+    med = {k: statistics.median(v) for k, v in times.items()}
+    cells = [f"{med['attnrt']:.1f}", f"{med['ort']:.1f}", ratio_cell(times["ort"], times["attnrt"])]
+    if "baseline" in times:
+        cells += [f"{med['baseline']:.1f}", ratio_cell(times["ort"], times["baseline"]),
+                  ratio_cell(times["baseline"], times["attnrt"])]
+    return " | ".join(cells)
 
 
 def half_model(model: Path) -> Path:
@@ -135,6 +176,8 @@ def half_row(args, stem: str, case: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--attnrt", required=True, help="the attnrt binary (a release build)")
+    p.add_argument("--baseline", help="a second attnrt binary timed in the same rounds "
+                   "(the build before a change)")
     p.add_argument("--dir", required=True, type=Path, help="folder of models and case npz files")
     p.add_argument("--model", action="append", required=True,
                    help="model file stem, e.g. bert_base_eager.ts (repeatable)")
@@ -158,8 +201,15 @@ def main() -> None:
     args = p.parse_args()
     print(f"onnxruntime {ort.__version__}, {args.threads} threads, {args.rounds} rounds of "
           f"{args.reps} runs after {args.warmup} warm-up")
-    print("| model | case | attnrt ms | ORT ms | ORT / attnrt (median of rounds) | max abs vs ORT |")
-    print("|---|---|---|---|---|---|")
+    if args.baseline:
+        print(f"baseline: {args.baseline}")
+        print("| model | case | attnrt ms | ORT ms | ORT / attnrt (median of rounds) "
+              "| baseline ms | ORT / baseline | baseline / attnrt | max abs vs ORT |")
+        print("|---|---|---|---|---|---|---|---|---|")
+    else:
+        print("| model | case | attnrt ms | ORT ms | ORT / attnrt (median of rounds) "
+              "| max abs vs ORT |")
+        print("|---|---|---|---|---|---|")
     for stem in args.model:
         model = args.dir / f"{stem}.onnx"
         family = stem.split(".")[0]
@@ -168,21 +218,9 @@ def main() -> None:
             npz = args.dir / f"{family}.{case}.inputs.npz"
             feeds = dict(np.load(npz))
             worst = check_outputs(args, model, npz, sess, feeds)
-            mine, theirs, ratios = [], [], []
-            for r in range(args.rounds):
-                if r % 2 == 0:
-                    a = attnrt_median_ms(args, model, npz)
-                    o = ort_median_ms(sess, feeds, args.warmup, args.reps)
-                else:
-                    o = ort_median_ms(sess, feeds, args.warmup, args.reps)
-                    a = attnrt_median_ms(args, model, npz)
-                mine.append(a)
-                theirs.append(o)
-                ratios.append(o / a)
+            times = timed_rounds(args, model, npz, sess, feeds)
             print(f"| {stem}{args.ort_model_suffix and ' (ORT: ' + args.ort_model_suffix + ')'} "
-                  f"| {case} | {statistics.median(mine):.1f} | {statistics.median(theirs):.1f} "
-                  f"| {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}) "
-                  f"| {worst:.1e} |", flush=True)
+                  f"| {case} | {row(times)} | {worst:.1e} |", flush=True)
     if args.half:
         print()
         print("| float16 model | case | attnrt fp16 ms | attnrt fp32 ms | ORT fp16 ms "

@@ -510,47 +510,86 @@ impl TypedOp for ProjectionOp {
         node: &TypedNode,
     ) -> TractResult<Option<TypedModelPatch>> {
         // After an activation an `Add` is no longer a bias.
-        if self.bias.is_some() || self.activation.is_some() || node.outputs[0].successors.len() != 1
-        {
-            return Ok(None);
-        }
-        let here = OutletId::new(node.id, 0);
-        if model.output_outlets()?.contains(&here) {
-            return Ok(None);
-        }
-        let next = model.node(node.outputs[0].successors[0].node);
-        let is_add = next
-            .op_as::<tract_onnx::tract_core::ops::binary::TypedBinOp>()
-            .is_some_and(|b| b.0.is::<tract_onnx::tract_core::ops::math::Add>() && b.1.is_none());
-        if !is_add || next.inputs.len() != 2 {
-            return Ok(None);
-        }
-        let other = if next.inputs[0] == here {
-            next.inputs[1]
-        } else {
-            next.inputs[0]
-        };
-        if other == here {
-            return Ok(None);
-        }
-        let (y_fact, b_fact) = (model.outlet_fact(here)?, model.outlet_fact(other)?);
-        let Some(b) = b_fact.konst.as_ref() else {
-            return Ok(None);
-        };
-        if model.outlet_fact(OutletId::new(next.id, 0))?.shape != y_fact.shape {
-            return Ok(None);
-        }
-        let Some(row) = bias_row(b, self.n(), y_fact.rank()) else {
-            return Ok(None);
-        };
-        let op = ProjectionOp {
-            bias: Some(tensor1(&row).into_arc_tensor()),
-            ..self.clone()
-        };
-        let mut patch = TypedModelPatch::default();
-        let x = patch.tap_model(model, node.inputs[0])?;
-        let y = patch.wire_node(&next.name, op, &[x])?[0];
-        patch.shunt_outside(model, OutletId::new(next.id, 0), y)?;
-        Ok(Some(patch))
+        let bare = self.bias.is_none() && self.activation.is_none();
+        fold_bias_add(model, node, self.n(), true, |row| {
+            bare.then(|| ProjectionOp {
+                bias: Some(tensor1(&row).into_arc_tensor()),
+                ..self.clone()
+            })
+        })
     }
+}
+
+/// The patch that folds the bias `Add` after the projection `node` (output `[..., n]`, see
+/// [`bias_add_after`]) into the op `with_bias` makes of the row it adds, when it makes one;
+/// named as the `Add` (`add_name`) or as the projection.
+pub(crate) fn fold_bias_add<O: TypedOp>(
+    model: &TypedModel,
+    node: &TypedNode,
+    n: usize,
+    add_name: bool,
+    with_bias: impl FnOnce(Vec<f32>) -> Option<O>,
+) -> TractResult<Option<TypedModelPatch>> {
+    let Some((next, row)) = bias_add_after(model, node, n)? else {
+        return Ok(None);
+    };
+    let name = if add_name { &next.name } else { &node.name };
+    match with_bias(row) {
+        Some(op) => Ok(Some(replace_chain(model, node.inputs[0], next, name, op)?)),
+        None => Ok(None),
+    }
+}
+
+/// The bias `Add` after the projection `node` (output `[..., n]`), and the row it adds: when
+/// the `Add` is the projection's only consumer, the projection's output is not a model output,
+/// and the `Add`'s other operand is a constant f32 that varies along the last axis alone (so
+/// the `Add` does not broadcast the output any wider).
+pub(crate) fn bias_add_after<'m>(
+    model: &'m TypedModel,
+    node: &TypedNode,
+    n: usize,
+) -> TractResult<Option<(&'m TypedNode, Vec<f32>)>> {
+    let here = OutletId::new(node.id, 0);
+    if node.outputs[0].successors.len() != 1 || model.output_outlets()?.contains(&here) {
+        return Ok(None);
+    }
+    let next = model.node(node.outputs[0].successors[0].node);
+    let is_add = next
+        .op_as::<tract_onnx::tract_core::ops::binary::TypedBinOp>()
+        .is_some_and(|b| b.0.is::<tract_onnx::tract_core::ops::math::Add>() && b.1.is_none());
+    if !is_add || next.inputs.len() != 2 {
+        return Ok(None);
+    }
+    let other = if next.inputs[0] == here {
+        next.inputs[1]
+    } else {
+        next.inputs[0]
+    };
+    if other == here {
+        return Ok(None);
+    }
+    let (y_fact, b_fact) = (model.outlet_fact(here)?, model.outlet_fact(other)?);
+    let Some(b) = b_fact.konst.as_ref() else {
+        return Ok(None);
+    };
+    if model.outlet_fact(OutletId::new(next.id, 0))?.shape != y_fact.shape {
+        return Ok(None);
+    }
+    Ok(bias_row(b, n, y_fact.rank()).map(|row| (next, row)))
+}
+
+/// The patch that replaces the chain of nodes from the one reading `input` to `last` by `op`
+/// alone, named `name`, reading `input`.
+pub(crate) fn replace_chain(
+    model: &TypedModel,
+    input: OutletId,
+    last: &TypedNode,
+    name: &str,
+    op: impl Into<Box<dyn TypedOp>>,
+) -> TractResult<TypedModelPatch> {
+    let mut patch = TypedModelPatch::default();
+    let x = patch.tap_model(model, input)?;
+    let y = patch.wire_node(name, op, &[x])?[0];
+    patch.shunt_outside(model, OutletId::new(last.id, 0), y)?;
+    Ok(patch)
 }

@@ -28,13 +28,16 @@
 //! takes them as they are ([`QuantInput::Quantized`]).
 
 use attnrt_kernels::act::Activation;
-use attnrt_kernels::quant::{quant_matmul, QuantOutput, QuantizedRows, QuantizedWeight};
+use attnrt_kernels::quant::{
+    quant_matmul, QuantOutput, QuantizedRows, QuantizedWeight, Requantize,
+};
 use attnrt_kernels::KernelSet;
 use tract_onnx::model::{optional_inputs, ParsingContext};
 use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
+use crate::projection::fold_bias_add;
 use crate::tensor::{f32_data, f32_data_mut};
 use crate::tract_parser::OnnxParser;
 
@@ -211,7 +214,11 @@ pub struct QuantProjectionOp {
     pub weight: Arc<QuantizedWeight>,
     /// The weight's scale per column, `[N]`.
     pub w_scale: Arc<Vec<f32>>,
-    /// Added to every output row, `[N]`.
+    /// The round trip of each product through the graph's `QuantizeLinear` and
+    /// `DequantizeLinear` after it (a QDQ model's output quantization, folded in by
+    /// `quantize_linear.rs`), before the bias.
+    pub requantize: Option<Requantize>,
+    /// Added to every output row, `[N]` (after `requantize`).
     pub bias: Option<Arc<Vec<f32>>>,
     /// Applied after the bias, as the values are stored (a folded `Gelu`).
     pub activation: Option<Activation>,
@@ -228,6 +235,7 @@ impl PartialEq for QuantProjectionOp {
             && self.input.key() == other.input.key()
             && self.weight == other.weight
             && bits(&self.w_scale) == bits(&other.w_scale)
+            && self.requantize == other.requantize
             && self.bias.as_deref().map(|b| bits(b)) == other.bias.as_deref().map(|b| bits(b))
             && self.activation == other.activation
             && self.kernels == other.kernels
@@ -276,9 +284,20 @@ impl QuantProjectionOp {
             input: QuantInput::Dynamic,
             weight: Arc::new(weight),
             w_scale: Arc::new(w_scale),
+            requantize: None,
             bias,
             activation: None,
             kernels: crate::kernels::for_op()?,
+        })
+    }
+
+    /// This projection followed by the round trip `requantize` (`None` when it already has a
+    /// bias, an activation or a round trip, which come before it).
+    pub fn with_requantize(&self, requantize: Requantize) -> Option<QuantProjectionOp> {
+        let bare = self.bias.is_none() && self.activation.is_none() && self.requantize.is_none();
+        bare.then(|| QuantProjectionOp {
+            requantize: Some(requantize),
+            ..self.clone()
         })
     }
 
@@ -355,11 +374,18 @@ impl Op for QuantProjectionOp {
 
     fn info(&self) -> TractResult<Vec<String>> {
         Ok(vec![format!(
-            "node {}: quantize(x[..,{}]) · W[{}, {}] int8{}{} on {}",
+            "node {}: quantize(x[..,{}]) · W[{}, {}] int8{}{}{} on {}",
             self.node,
             self.weight.k(),
             self.weight.k(),
             self.weight.n(),
+            match self.requantize {
+                Some(r) => format!(
+                    ", requantized ({} + {} as {:?})",
+                    r.scale, r.zero_point, r.to
+                ),
+                None => String::new(),
+            },
             if self.bias.is_some() { " + bias" } else { "" },
             match self.activation {
                 Some(a) => format!(", then {a:?}"),
@@ -396,6 +422,7 @@ impl EvalOp for QuantProjectionOp {
         let out = QuantOutput::Float {
             y: f32_data_mut(&mut y)?,
             scale: &scale,
+            requantize: self.requantize,
             bias: self.bias.as_deref().map(Vec::as_slice),
             activation: self.activation.map(|a| (self.kernels.act(), a)),
         };
@@ -447,5 +474,24 @@ impl TypedOp for QuantProjectionOp {
         let shape = output_fact_shape(a, &self.weight)
             .with_context(|| format!("{OP_TYPE} node '{}'", self.node))?;
         Ok(tvec!(f32::fact(shape)))
+    }
+
+    /// Folds the bias `Add` that follows the projection into it (the QDQ form adds the bias
+    /// after its output's `DequantizeLinear`, which `quantize_linear.rs` folds in first): the
+    /// epilogue adds it as the `Add` does, one rounding. Only when this op has no bias nor
+    /// activation yet (`projection::bias_add_after` says which `Add`s are biases).
+    fn declutter(
+        &self,
+        model: &TypedModel,
+        node: &TypedNode,
+    ) -> TractResult<Option<TypedModelPatch>> {
+        let bare = self.bias.is_none() && self.activation.is_none();
+        // Named as the projection, whose `MatMul` the profile then counts it as.
+        fold_bias_add(model, node, self.weight.n(), false, |row| {
+            bare.then(|| QuantProjectionOp {
+                bias: Some(Arc::new(row)),
+                ..self.clone()
+            })
+        })
     }
 }

@@ -9,14 +9,18 @@
 //! not constants go through tract's expansion (its float arithmetic saturates already).
 //! Registered in every session, so the fused and the unfused graph quantize alike.
 
-use attnrt_kernels::quant::{quantize_linear, Quantized};
+use attnrt_kernels::quant::{quantize_linear, requantize_linear, Quantized, Requantize};
 use attnrt_kernels::KernelSet;
 use tract_onnx::model::ParsingContext;
 use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
-use crate::tensor::f32_data;
+use tract_onnx::tract_core::ops::quant::DequantizeLinearF32;
+
+use crate::projection::replace_chain;
+use crate::quant_projection::QuantProjectionOp;
+use crate::tensor::{f32_data, f32_data_mut};
 use crate::tract_parser::{OnnxParser, Wrapper};
 
 /// The name under which [`QuantizeLinearOp`] appears in a planned graph.
@@ -93,6 +97,7 @@ impl PerTensorQuantize {
         };
         Ok(Some(QuantizeLinearOp {
             node: self.node.clone(),
+            dequantize: false,
             scale,
             zero_point,
             to,
@@ -106,6 +111,9 @@ impl PerTensorQuantize {
 pub struct QuantizeLinearOp {
     /// ONNX node name, for errors.
     pub node: String,
+    /// The `DequantizeLinear` after it (same scale and zero point) folded in: the output is
+    /// the float32 round trip (`attnrt_kernels::quant::Requantize`), not the 8-bit values.
+    pub dequantize: bool,
     /// The scale.
     pub scale: f32,
     /// The zero point, in `to`'s range.
@@ -120,6 +128,7 @@ pub struct QuantizeLinearOp {
 impl PartialEq for QuantizeLinearOp {
     fn eq(&self, other: &Self) -> bool {
         self.node == other.node
+            && self.dequantize == other.dequantize
             && self.scale.to_bits() == other.scale.to_bits()
             && self.zero_point == other.zero_point
             && self.to == other.to
@@ -132,8 +141,17 @@ impl Eq for QuantizeLinearOp {}
 impl QuantizeLinearOp {
     fn datum_type(&self) -> DatumType {
         match self.to {
+            _ if self.dequantize => DatumType::F32,
             Quantized::U8 => DatumType::U8,
             Quantized::I8 => DatumType::I8,
+        }
+    }
+
+    fn requantize(&self) -> Requantize {
+        Requantize {
+            scale: self.scale,
+            zero_point: self.zero_point,
+            to: self.to,
         }
     }
 }
@@ -145,8 +163,16 @@ impl Op for QuantizeLinearOp {
 
     fn info(&self) -> TractResult<Vec<String>> {
         Ok(vec![format!(
-            "node {}: x / {} + {} to {:?}",
-            self.node, self.scale, self.zero_point, self.to
+            "node {}: x / {} + {} to {:?}{}",
+            self.node,
+            self.scale,
+            self.zero_point,
+            self.to,
+            if self.dequantize {
+                ", and back to float32"
+            } else {
+                ""
+            }
         )])
     }
 
@@ -162,6 +188,11 @@ impl EvalOp for QuantizeLinearOp {
         // Every byte is written by `quantize_linear`.
         let mut y = unsafe { Tensor::uninitialized_dt(self.datum_type(), x.shape())? };
         let (kernel, threads) = (self.kernels.quant(), self.kernels.threads());
+        if self.dequantize {
+            let out = f32_data_mut(&mut y)?;
+            requantize_linear(kernel, threads, xs, self.requantize(), out);
+            return Ok(tvec!(y.into_tvalue()));
+        }
         let out = y.as_bytes_mut();
         quantize_linear(
             kernel,
@@ -181,5 +212,50 @@ impl TypedOp for QuantizeLinearOp {
 
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
         Ok(tvec!(self.datum_type().fact(inputs[0].shape.clone())))
+    }
+
+    /// Folds the `DequantizeLinear` after this op (same scale and zero point, its only reader:
+    /// a QDQ model's round trip of an activation) into a one-pass round trip: into the
+    /// projection that computes the input when there is one (`QuantProjectionOp → this →
+    /// DequantizeLinear` becomes the projection with the round trip in its epilogue,
+    /// [`QuantProjectionOp::with_requantize`]), else into this op (`dequantize`). The same
+    /// arithmetic value by value, without the passes over the 8-bit values. Only when each
+    /// output on the way feeds the next node alone and is not a model output.
+    fn declutter(
+        &self,
+        model: &TypedModel,
+        node: &TypedNode,
+    ) -> TractResult<Option<TypedModelPatch>> {
+        let outputs = model.output_outlets()?;
+        let only_reader = |n: &TypedNode| {
+            let out = &n.outputs[0].successors;
+            (out.len() == 1 && !outputs.contains(&OutletId::new(n.id, 0)))
+                .then(|| model.node(out[0].node))
+        };
+        let Some(dq) = only_reader(node).filter(|_| !self.dequantize) else {
+            return Ok(None);
+        };
+        let same = dq.op_as::<DequantizeLinearF32>().is_some_and(|d| {
+            d.scale.to_bits() == self.scale.to_bits() && d.zero_point == self.zero_point
+        });
+        if !same {
+            return Ok(None);
+        }
+        let producer = model.node(node.inputs[0].node);
+        let projection = producer
+            .op_as::<QuantProjectionOp>()
+            .filter(|_| only_reader(producer).is_some())
+            .and_then(|p| p.with_requantize(self.requantize()));
+        let patch = match projection {
+            Some(op) => replace_chain(model, producer.inputs[0], dq, &producer.name, op)?,
+            None => {
+                let op = QuantizeLinearOp {
+                    dequantize: true,
+                    ..self.clone()
+                };
+                replace_chain(model, node.inputs[0], dq, &node.name, op)?
+            }
+        };
+        Ok(Some(patch))
     }
 }

@@ -363,11 +363,18 @@ struct QdqForm {
     weight: Form,
     /// The `DequantizeLinear`'s axis for the weight (1: per column; 0: per row).
     axis: i64,
+    /// The product quantized and dequantized again before the bias (`QuantizeLinear` to int8
+    /// when `Some(true)`, uint8 when `Some(false)`), as `quantize_static` writes every `MatMul`.
+    requantize: Option<bool>,
+    /// That `QuantizeLinear`'s output is read elsewhere too (so the round trip cannot fold).
+    quantized_output: bool,
 }
 
 const QDQ: QdqForm = QdqForm {
     weight: FORM,
     axis: 1,
+    requantize: None,
+    quantized_output: false,
 };
 
 /// `x: [2, 7, k]` quantized once (`QuantizeLinear` to int8 when `signed`, else uint8, and back
@@ -425,6 +432,9 @@ fn qdq_model(forms: &[QdqForm], signed: bool, also_read: bool, k: i64, n: i64) -
             &["xd", &name("wd")],
             &[&name("p")],
         ));
+        if let Some(signed) = f.requantize {
+            y = requantize(&mut g, &y, &name("y"), signed, f.quantized_output, n);
+        }
         if f.weight.bias {
             g.initializer(tensor_f32(
                 &name("b"),
@@ -437,6 +447,47 @@ fn qdq_model(forms: &[QdqForm], signed: bool, also_read: bool, k: i64, n: i64) -
         g.output(value_info(&name("y"), DataType::Float, &[2, 7, n]));
     }
     g.into_model(20)
+}
+
+/// `y` quantized (scale 0.05, zero point 128 as uint8 or −3 as int8) and dequantized again;
+/// with `read`, the quantized values are also cast to float32, a graph output. Returns the dequantized tensor.
+fn requantize(
+    g: &mut GraphBuilder,
+    y: &str,
+    name: &str,
+    signed: bool,
+    read: bool,
+    n: i64,
+) -> String {
+    let (scale, zero_point) = (format!("{name}s"), format!("{name}z"));
+    g.initializer(tensor_f32(&scale, &[], &[0.05]));
+    let mut z = tensor_q(&zero_point, &[], !signed, 0);
+    z.raw_data = vec![if signed { -3i8 as u8 } else { 128 }].into();
+    g.initializer(z);
+    let q = g.node(node(
+        &format!("{name}q"),
+        "QuantizeLinear",
+        &[y, &scale, &zero_point],
+        &[&format!("{name}_q")],
+    ));
+    if read {
+        let other = format!("{name}_other");
+        let to = attnrt_onnx::attr::make_int("to", DataType::Float as i64);
+        g.node(node_with_attrs(
+            &format!("{name}other"),
+            "Cast",
+            &[&q],
+            &[&other],
+            vec![to],
+        ));
+        g.output(value_info(&other, DataType::Float, &[2, 7, n]));
+    }
+    g.node(node(
+        &format!("{name}dq"),
+        "DequantizeLinear",
+        &[&q, &scale, &zero_point],
+        &[&format!("{name}_d")],
+    ))
 }
 
 /// Runs `m` with attnrt's ops and with tract's; the attnrt run's op names and the largest
@@ -527,4 +578,56 @@ fn a_dequantized_input_read_elsewhere_stays_and_per_row_weight_scales_stay_on_tr
     let (ops, worst) = compare_model(&m, 16, 2.0);
     assert_eq!(count(&ops, "AttnrtQuantProjection"), 0, "{ops:?}");
     assert_eq!(worst, 0.0);
+}
+
+/// Runs `m` with attnrt's ops: the outputs' bits and the op names.
+fn run_bits(m: &ModelProto, k: usize, scale: f32) -> (Vec<Vec<u32>>, Vec<String>) {
+    let (y, ops) = run::<f32>(m, &x(k, scale), true);
+    let bits = y.iter().map(|y| y.iter().map(|v| v.to_bits()).collect());
+    (bits.collect(), ops)
+}
+
+/// A QDQ projection whose product is quantized and dequantized again before its bias (how
+/// `quantize_static` writes every `MatMul`) runs as one op with the round trip and the bias in
+/// its epilogue, bit for bit what the op, attnrt's `QuantizeLinear`, the `DequantizeLinear` and
+/// the `Add` give one after another (as they run when the quantized values are read elsewhere).
+#[test]
+fn a_projection_s_output_round_trip_and_bias_fold_in_bit_for_bit() {
+    let (k, n) = (40, 24);
+    for signed in [false, true] {
+        for bias in [true, false] {
+            let form = QdqForm {
+                weight: Form { bias, ..FORM },
+                requantize: Some(signed),
+                ..QDQ
+            };
+            let folded = qdq_model(&[form], false, false, k, n);
+            let (y, ops) = run_bits(&folded, k as usize, 3.0);
+            assert_eq!(count(&ops, "AttnrtQuantProjection"), 1, "{ops:?}");
+            // Only the input's quantization is left, and no `Add`.
+            assert_eq!(count(&ops, "AttnrtQuantizeLinear"), 1, "{ops:?}");
+            assert!(
+                !ops.iter()
+                    .any(|o| o.contains("Dequantize") || o.contains("Add")),
+                "{ops:?}"
+            );
+            let unfolded = QdqForm {
+                quantized_output: true,
+                ..form
+            };
+            let m = qdq_model(&[unfolded], false, false, k, n);
+            let (want, ops) = run_bits(&m, k as usize, 3.0);
+            assert_eq!(count(&ops, "AttnrtQuantizeLinear"), 2, "{ops:?}");
+            assert!(ops.iter().any(|o| o.contains("Dequantize")), "{ops:?}");
+            // `want` holds the cast of the quantized values first, then `y`.
+            assert_eq!(want.len(), 2);
+            assert_eq!(y[0], want[1], "signed {signed} bias {bias}");
+            let distinct: std::collections::BTreeSet<u32> = y[0].iter().copied().collect();
+            assert!(
+                distinct.len() > 10,
+                "a round trip over many steps: {}",
+                distinct.len()
+            );
+        }
+    }
 }

@@ -68,6 +68,31 @@ pub(super) unsafe fn quantize(x: &[f32], scale: f32, zero_point: u8, out: &mut [
     super::portable::quantize(&x[whole..n], scale, zero_point, &mut out[whole..n]);
 }
 
+/// [`super::matmul::portable_widen`] on AVX2: 16 values at a time by `vpmovsxbw`.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn widen(p: &[i8], out: &mut [i16]) {
+    let n = p.len().min(out.len());
+    let whole = n / 16 * 16;
+    for i in (0..whole).step_by(16) {
+        // SAFETY: `i + 16 <= n`, within both slices.
+        unsafe {
+            let v = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.as_ptr().add(i).cast()));
+            _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), v);
+        }
+    }
+    super::matmul::portable_widen(&p[whole..n], &mut out[whole..n]);
+}
+
+/// Never called: the AVX2 build is chosen only on x86_64.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn widen(_: &[i8], _: &mut [i16]) {
+    unreachable!("the AVX2 build runs on x86_64 only")
+}
+
 /// Loads `NR` values at value offset `at` of a panel of i8 (`NARROW`, widened by `vpmovsxbw`)
 /// or of i16, as `NR` i16 lanes.
 ///
@@ -194,6 +219,22 @@ pub(super) unsafe fn row<const NARROW: bool>(_: *const i16, _: *const u8, _: usi
     unreachable!("the AVX2 build runs on x86_64 only")
 }
 
+/// `QuantizeLinear` of 8 values to the range `[lo, hi]`, as floats (integers of the range):
+/// `min(max(round(x / s) + zp, lo), hi)`, rounding half to even, NaN as 0 (so as the zero
+/// point); infinities saturate.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn quantize8(x: __m256, s: __m256, zp: __m256, lo: __m256, hi: __m256) -> __m256 {
+    let r =
+        _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_div_ps(x, s));
+    let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r));
+    _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, zp), lo), hi)
+}
+
 /// [`super::portable::quantize_linear`] on AVX2.
 ///
 /// # Safety
@@ -216,11 +257,7 @@ pub(super) unsafe fn quantize_linear(
     for i in (0..whole).step_by(8) {
         // SAFETY: `i + 8 <= n`, within both slices.
         unsafe {
-            let v = _mm256_div_ps(_mm256_loadu_ps(x.as_ptr().add(i)), s);
-            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-            // NaN → 0, as the portable build; infinities saturate below.
-            let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r));
-            let q = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, zp), lo_v), hi_v);
+            let q = quantize8(_mm256_loadu_ps(x.as_ptr().add(i)), s, zp, lo_v, hi_v);
             let c = _mm256_cvtps_epi32(q);
             // i32 → i16 (in range, so no saturation), in order in the low 128 bits.
             let words = _mm256_permute4x64_epi64::<0b1000>(_mm256_packs_epi32(c, c));
@@ -238,5 +275,69 @@ pub(super) unsafe fn quantize_linear(
 /// Never called: the AVX2 build is chosen only on x86_64.
 #[cfg(not(target_arch = "x86_64"))]
 pub(super) unsafe fn quantize_linear(_: &[f32], _: f32, _: f32, _: super::Quantized, _: &mut [u8]) {
+    unreachable!("the AVX2 build runs on x86_64 only")
+}
+
+/// [`super::linear::portable_requantize`] on AVX2: the quantization as [`quantize_linear`]'s
+/// (the value, rounded and clamped, stays a float: an integer of the type's range), then
+/// `(q − zero_point) · scale`, the difference exact in float.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn requantize_linear(x: &[f32], rq: super::Requantize, out: &mut [f32]) {
+    let n = x.len().min(out.len());
+    // SAFETY: `n` values of each.
+    let whole = unsafe { requantize8(x.as_ptr(), out.as_mut_ptr(), n, rq) };
+    super::linear::portable_requantize(&x[whole..n], rq, &mut out[whole..n]);
+}
+
+/// The round trip of [`requantize_linear`] from `x` to `out` (which may be `x`), 8 values at a
+/// time over the first `n / 8 · 8` of `n` values; returns how many it did.
+///
+/// # Safety
+/// The CPU must have AVX2; `x` and `out` must hold `n` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn requantize8(x: *const f32, out: *mut f32, n: usize, rq: super::Requantize) -> usize {
+    let whole = n / 8 * 8;
+    let (lo, hi) = rq.to.bounds();
+    let s = _mm256_set1_ps(rq.scale);
+    let zp = _mm256_set1_ps(rq.zero_point as f32);
+    let (lo_v, hi_v) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+    for i in (0..whole).step_by(8) {
+        // SAFETY: `i + 8 <= n`, as the caller vouches.
+        unsafe {
+            let q = quantize8(_mm256_loadu_ps(x.add(i)), s, zp, lo_v, hi_v);
+            _mm256_storeu_ps(out.add(i), _mm256_mul_ps(_mm256_sub_ps(q, zp), s));
+        }
+    }
+    whole
+}
+
+/// Never called: the AVX2 build is chosen only on x86_64.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn requantize_linear(_: &[f32], _: super::Requantize, _: &mut [f32]) {
+    unreachable!("the AVX2 build runs on x86_64 only")
+}
+
+/// [`super::matmul::portable_requantize_in_place`] on AVX2, as [`requantize_linear`].
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn requantize_in_place(y: &mut [f32], rq: super::Requantize) {
+    let p = y.as_mut_ptr();
+    // SAFETY: `y.len()` values, read and written in place.
+    let whole = unsafe { requantize8(p, p, y.len(), rq) };
+    // SAFETY: plain Rust.
+    unsafe { super::matmul::portable_requantize_in_place(&mut y[whole..], rq) };
+}
+
+/// Never called: the AVX2 build is chosen only on x86_64.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn requantize_in_place(_: &mut [f32], _: super::Requantize) {
     unreachable!("the AVX2 build runs on x86_64 only")
 }

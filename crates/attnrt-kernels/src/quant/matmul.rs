@@ -5,27 +5,38 @@
 use rayon::prelude::*;
 
 use super::weight::Panel;
-use super::{avx2, Build, QuantKernel, QuantizedRows, QuantizedWeight, MR, NR};
+use super::{avx2, Build, QuantKernel, QuantizedRows, QuantizedWeight, Requantize, MR, NR};
 use crate::act::{apply_rows_raw, ActKernel, Activation};
 use crate::threads::ThreadPolicy;
 
-/// Rows per task (a multiple of `MR`).
-const ROWS: usize = 64;
+/// Most rows per task (a multiple of `MR`): a task's narrow panels are widened once for all
+/// its rows, so it takes as many rows as it can while the tasks still keep every thread busy.
+const MAX_ROWS: usize = 256;
+/// Fewest rows per task when the rows are split to make tasks (a multiple of `MR`).
+const MIN_ROWS: usize = 32;
 /// Panels (of `NR` columns) per task.
 const PANELS: usize = 4;
+/// Tasks per thread the split aims for, at least: enough that a thread the OS takes away for a
+/// while leaves its tasks to the others (BERT-base's 768 × 768 projections at 128 tokens keep
+/// main's 64-row blocks, 24 tasks; the 768 × 3072 ones take all 128 rows, 48 tasks).
+const TASKS_PER_THREAD: usize = 8;
 
 /// Where [`quant_matmul`] stores `y[m×n]` (row-major) and how.
 #[derive(Debug)]
 pub enum QuantOutput<'a> {
     /// The i32 sums themselves (`MatMulInteger`).
     Int(&'a mut [i32]),
-    /// `f32(sum) · scale[j]`, then `+ bias[j]`, then `activation` (on the act kernel given):
-    /// the rounding steps of `Cast`, `Mul` and `Add` nodes.
+    /// `f32(sum) · scale[j]`, then `requantize`, then `+ bias[j]`, then `activation` (on the act
+    /// kernel given): the rounding steps of `Cast`, `Mul`, `QuantizeLinear` and
+    /// `DequantizeLinear`, and `Add` nodes.
     Float {
         /// The output.
         y: &'a mut [f32],
         /// Per column, `[n]`: the activations' scale times the weight's.
         scale: &'a [f32],
+        /// The round trip of each value through an 8-bit type (a QDQ model's output
+        /// quantization), before the bias.
+        requantize: Option<Requantize>,
         /// Per column, `[n]`.
         bias: Option<&'a [f32]>,
         /// Applied to every value after the bias.
@@ -40,6 +51,7 @@ enum Sink<'a> {
     Float {
         y: *mut f32,
         scale: &'a [f32],
+        requantize: Option<Requantize>,
         bias: Option<&'a [f32]>,
     },
 }
@@ -71,36 +83,51 @@ pub fn quant_matmul(
         QuantOutput::Float {
             y,
             scale,
+            requantize,
             bias,
             activation,
         } => {
             assert!(y.len() == m * n && scale.len() == n);
             assert!(bias.is_none_or(|b| b.len() == n));
             let y = y.as_mut_ptr();
-            (Sink::Float { y, scale, bias }, activation)
+            let sink = Sink::Float {
+                y,
+                scale,
+                requantize,
+                bias,
+            };
+            (sink, activation)
         }
     };
     let chunks = w.panels().div_ceil(PANELS);
-    let tasks = m.div_ceil(ROWS) * chunks;
+    let row_block = rows_per_task(m, chunks, threads.threads());
+    let tasks = m.div_ceil(row_block) * chunks;
     let task = |t: usize| {
-        let (r0, c0) = ((t / chunks) * ROWS, (t % chunks) * PANELS);
-        let rows = ROWS.min(m - r0);
+        let (r0, c0) = ((t / chunks) * row_block, (t % chunks) * PANELS);
+        let rows = row_block.min(m - r0);
         // A narrow panel is widened once per task for the multi-row tiles, which reuse each
         // loaded value for MR rows; a lone row reads it narrow (its cost is the bytes).
         let mut widened = Vec::new();
         for c in c0..(c0 + PANELS).min(w.panels()) {
             let panel = match w.panel(c) {
                 Panel::Narrow(p) if rows > 1 => {
-                    widened.clear();
-                    widened.extend(p.iter().map(|&v| i16::from(v)));
+                    widen(kernel, p, &mut widened);
                     Panel::Wide(&widened)
                 }
                 panel => panel,
             };
             for r in (r0..r0 + rows).step_by(MR) {
                 let acc = tile(kernel, a, r, panel, w.k_pairs());
+                let (rows, col) = (MR.min(m - r), c * NR);
+                let block = Block {
+                    r,
+                    rows,
+                    col,
+                    cols: NR.min(n - col),
+                    n,
+                };
                 // SAFETY: rows r.., columns c·NR.. of the output belong to this task alone.
-                unsafe { store(sink, &acc, r, MR.min(m - r), c * NR, NR.min(n - c * NR), n) };
+                unsafe { store(kernel, sink, &acc, block) };
             }
         }
         if let (Some((act_kernel, act)), Sink::Float { y, .. }) = (activation, sink) {
@@ -116,6 +143,36 @@ pub fn quant_matmul(
         (0..tasks).into_par_iter().for_each(task);
     } else {
         (0..tasks).for_each(task);
+    }
+}
+
+/// Rows per task for `m` rows and `chunks` groups of panels on `threads` threads: all of them
+/// (up to [`MAX_ROWS`]) while there are at least [`TASKS_PER_THREAD`] tasks per thread, else
+/// halved down to [`MIN_ROWS`]. Always a multiple of `MR`, at least `MR`.
+pub(super) fn rows_per_task(m: usize, chunks: usize, threads: usize) -> usize {
+    let want = TASKS_PER_THREAD * threads.max(1);
+    let mut rows = m.next_multiple_of(MR).clamp(MR, MAX_ROWS);
+    while rows > MIN_ROWS && m.div_ceil(rows) * chunks < want {
+        rows = (rows / 2).next_multiple_of(MR).max(MIN_ROWS);
+    }
+    rows
+}
+
+/// `out = p` widened to i16, on `kernel`'s build.
+fn widen(kernel: &QuantKernel, p: &[i8], out: &mut Vec<i16>) {
+    out.clear();
+    out.resize(p.len(), 0);
+    match kernel.build {
+        // SAFETY: the AVX2 build is chosen only on CPUs with AVX2.
+        Build::Avx2 => unsafe { avx2::widen(p, out) },
+        Build::Portable => portable_widen(p, out),
+    }
+}
+
+/// `out[i] = p[i]` as i16 (the AVX2 build's reference).
+pub(super) fn portable_widen(p: &[i8], out: &mut [i16]) {
+    for (o, &v) in out.iter_mut().zip(p) {
+        *o = i16::from(v);
     }
 }
 
@@ -175,19 +232,71 @@ pub(super) fn portable_tile<T: Copy + Into<i32>>(
     acc
 }
 
-/// Stores `rows × cols` of `acc` at row `r`, column `col` of the `[m, n]` output.
-///
-/// # Safety
-/// The block must lie inside the output and be written by nothing else meanwhile.
-unsafe fn store(
-    sink: Sink,
-    acc: &[[i32; NR]; MR],
+/// Where a tile's sums go: `rows × cols` of them at row `r`, column `col` of the `[m, n]`
+/// output.
+#[derive(Clone, Copy)]
+struct Block {
     r: usize,
     rows: usize,
     col: usize,
     cols: usize,
     n: usize,
+}
+
+/// Stores `acc` at `block`, on `kernel`'s build (the same roundings on both: `f32(sum) ·
+/// scale`, then `+ bias`).
+///
+/// # Safety
+/// The block must lie inside the output and be written by nothing else meanwhile.
+unsafe fn store(kernel: &QuantKernel, sink: Sink, acc: &[[i32; NR]; MR], block: Block) {
+    // SAFETY: as the caller vouches; the AVX2 build is chosen only on CPUs with AVX2.
+    unsafe {
+        match kernel.build {
+            Build::Avx2 => store_avx2(sink, acc, block),
+            Build::Portable => store_rows(sink, acc, block, portable_requantize_in_place),
+        }
+    }
+}
+
+/// [`store_rows`] compiled for AVX2 (its loops vectorize 8 wide; no FMA: the multiply and the
+/// add round separately, as on the portable build).
+///
+/// # Safety
+/// As [`store`]; the CPU must have AVX2.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2"))]
+unsafe fn store_avx2(sink: Sink, acc: &[[i32; NR]; MR], block: Block) {
+    // SAFETY: as the caller vouches; the CPU has AVX2.
+    unsafe { store_rows(sink, acc, block, avx2::requantize_in_place) }
+}
+
+/// [`Requantize::apply`] to each of `y` in place (the AVX2 build's reference and tail).
+///
+/// # Safety
+/// None (`unsafe` for the type it shares with the AVX2 build).
+pub(super) unsafe fn portable_requantize_in_place(y: &mut [f32], requantize: Requantize) {
+    for y in y {
+        *y = requantize.apply(*y);
+    }
+}
+
+/// The epilogue of [`store`] in plain Rust, the round trip of a row's values by `requantize`.
+///
+/// # Safety
+/// As [`store`]; `requantize` must run on this CPU.
+#[inline(always)]
+unsafe fn store_rows(
+    sink: Sink,
+    acc: &[[i32; NR]; MR],
+    block: Block,
+    requantize_row: unsafe fn(&mut [f32], Requantize),
 ) {
+    let Block {
+        r,
+        rows,
+        col,
+        cols,
+        n,
+    } = block;
     for (i, acc) in acc.iter().enumerate().take(rows) {
         let at = (r + i) * n + col;
         match sink {
@@ -196,12 +305,21 @@ unsafe fn store(
                 let y = unsafe { std::slice::from_raw_parts_mut(y.add(at), cols) };
                 y.copy_from_slice(&acc[..cols]);
             }
-            Sink::Float { y, scale, bias } => {
+            Sink::Float {
+                y,
+                scale,
+                requantize: rq,
+                bias,
+            } => {
                 // SAFETY: as above.
                 let y = unsafe { std::slice::from_raw_parts_mut(y.add(at), cols) };
                 let scale = &scale[col..col + cols];
                 for ((y, &s), &v) in y.iter_mut().zip(scale).zip(acc) {
                     *y = v as f32 * s;
+                }
+                if let Some(rq) = rq {
+                    // SAFETY: as the caller vouches.
+                    unsafe { requantize_row(y, rq) };
                 }
                 if let Some(b) = bias {
                     for (y, &b) in y.iter_mut().zip(&b[col..col + cols]) {

@@ -26,7 +26,7 @@ mod portable;
 mod rows;
 mod weight;
 
-pub use linear::quantize_linear;
+pub use linear::{quantize_linear, requantize_linear, Requantize};
 pub use matmul::{quant_matmul, QuantOutput};
 pub use rows::QuantizedRows;
 pub use weight::QuantizedWeight;

@@ -43,14 +43,20 @@ pub(crate) fn quantize_linear(
     to: super::Quantized,
     out: &mut [u8],
 ) {
-    let (lo, hi) = to.bounds();
     for (o, &v) in out.iter_mut().zip(x) {
-        let r = (v / scale).round_ties_even();
-        let r = if r.is_nan() { 0.0 } else { r };
-        let q = (r + zero_point).max(lo).min(hi) as i32;
+        let q = quantize_value(v, scale, zero_point, to);
         *o = match to {
             super::Quantized::U8 => q as u8,
             super::Quantized::I8 => q as i8 as u8,
         };
     }
+}
+
+/// One value of ONNX `QuantizeLinear` to `to`, as an integer in `to`'s range.
+#[inline(always)]
+pub(crate) fn quantize_value(v: f32, scale: f32, zero_point: f32, to: super::Quantized) -> i32 {
+    let (lo, hi) = to.bounds();
+    let r = (v / scale).round_ties_even();
+    let r = if r.is_nan() { 0.0 } else { r };
+    (r + zero_point).max(lo).min(hi) as i32
 }

@@ -75,6 +75,14 @@ fn matmul_case(m_max: usize, k_max: usize, symmetric: bool) -> impl Strategy<Val
     )
 }
 
+/// The i32 sums of `rows` by `packed` on `kernel`, on the calling thread's pool.
+fn int_sums(kernel: &QuantKernel, rows: &QuantizedRows, packed: &QuantizedWeight) -> Vec<i32> {
+    let mut sums = vec![i32::MIN; rows.m() * packed.n()];
+    let out = QuantOutput::Int(&mut sums);
+    quant_matmul(kernel, &ThreadPolicy::default(), rows, packed, out);
+    sums
+}
+
 /// Every build's i32 sums of `case` equal the i64 reference.
 fn exact_on_every_build((m, k, n, a, za, w, zw): MatmulCase) -> Result<(), TestCaseError> {
     let want = reference(&a, za, &w, &zw, m, k, n);
@@ -200,20 +208,14 @@ fn the_float_epilogue_rounds_as_cast_mul_add_and_threads_change_nothing() {
             pool(2).install(|| QuantizedRows::quantize_dynamic(&kernel, &threads, &x, m, k));
         assert_eq!(rows, split, "{kernel}");
         let scale: Vec<f32> = w_scale.iter().map(|s| rows.scale() * s).collect();
-        let mut sums = vec![0i32; m * n];
-        quant_matmul(
-            &kernel,
-            &threads,
-            &rows,
-            &packed,
-            QuantOutput::Int(&mut sums),
-        );
+        let sums = int_sums(&kernel, &rows, &packed);
         for act in [None, Some(Activation::GeluErf)] {
             let mut y = vec![f32::NAN; m * n];
             let activation = act.map(|a| (ActKernel::new(Isa::Scalar), a));
             let out = QuantOutput::Float {
                 y: &mut y,
                 scale: &scale,
+                requantize: None,
                 bias: Some(&bias),
                 activation,
             };
@@ -258,4 +260,163 @@ fn weights_past_i8_after_their_zero_point_stay_wide() {
     assert_eq!(wide.bytes(), NR * 2 * 2);
     assert!(!QuantizedWeight::from_u8(&[200, 1, 2, 3], 2, 2, &[0]).is_narrow());
     assert!(QuantizedWeight::from_u8(&[200, 1, 2, 3], 2, 2, &[128]).is_narrow());
+}
+
+/// Narrow (i8) weights over more rows than one task takes, on pools of 1 to 3 threads: the
+/// rows are split into several blocks, each widening its panels once, and every build and
+/// split gives the exact sums and the same float epilogue, bit for bit.
+#[test]
+fn narrow_weights_split_over_row_blocks_and_threads_give_the_exact_sums() {
+    // 300 rows and 5 panels (2 groups): split into 32- to 64-row blocks.
+    let (m, k, n) = (300, 77, 70);
+    let a: Vec<u8> = (0..m * k).map(|i| (i * 29 % 256) as u8).collect();
+    let w: Vec<i8> = (0..k * n).map(|i| (i * 53 % 256) as u8 as i8).collect();
+    let want = reference(&a, 7, &w, &[0], m, k, n);
+    let rows = QuantizedRows::from_u8(&a, m, k, 7);
+    let packed = QuantizedWeight::from_i8(&w, k, n, &[0]);
+    assert!(packed.is_narrow());
+    let scale: Vec<f32> = (0..n).map(|j| 0.003 * (j as f32 + 0.5)).collect();
+    let bias: Vec<f32> = crate::testing::ramp(n, 0.4);
+    let threads = ThreadPolicy::default();
+    let mut first: Option<Vec<f32>> = None;
+    for kernel in kernels() {
+        for pool_threads in [1, 2, 3] {
+            let mut sums = vec![i32::MIN; m * n];
+            let out = QuantOutput::Int(&mut sums);
+            pool(pool_threads).install(|| quant_matmul(&kernel, &threads, &rows, &packed, out));
+            let got: Vec<i64> = sums.iter().map(|&v| i64::from(v)).collect();
+            assert_eq!(got, want, "{kernel} on {pool_threads} threads");
+            let mut y = vec![f32::NAN; m * n];
+            let out = QuantOutput::Float {
+                y: &mut y,
+                scale: &scale,
+                requantize: None,
+                bias: Some(&bias),
+                activation: None,
+            };
+            pool(pool_threads).install(|| quant_matmul(&kernel, &threads, &rows, &packed, out));
+            for (i, (&y, &s)) in y.iter().zip(&sums).enumerate() {
+                let want = s as f32 * scale[i % n] + bias[i % n];
+                assert_eq!(y.to_bits(), want.to_bits(), "{kernel} y[{i}]");
+            }
+            match &first {
+                Some(f) => assert!(f.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits())),
+                None => first = Some(y),
+            }
+        }
+    }
+}
+
+/// The rows per task: a multiple of `MR` covering the rows in as few blocks as keep eight tasks
+/// per thread, never past `MAX_ROWS` nor, when split, below `MIN_ROWS`.
+#[test]
+fn rows_per_task_takes_all_rows_while_every_thread_has_tasks() {
+    use super::matmul::rows_per_task;
+    assert_eq!(rows_per_task(128, 12, 2), 64);
+    assert_eq!(rows_per_task(128, 48, 2), 128);
+    assert_eq!(rows_per_task(1, 12, 2), MR);
+    assert_eq!(rows_per_task(130, 12, 2), 68);
+    assert_eq!(rows_per_task(1000, 12, 2), 256);
+    // One or two groups of panels: the rows are split down to 32-row blocks.
+    assert_eq!(rows_per_task(256, 1, 2), 32);
+    assert_eq!(rows_per_task(300, 2, 3), 32);
+    // Never below 32 rows, however few the tasks.
+    assert_eq!(rows_per_task(40, 1, 8), 32);
+    for m in 1..600 {
+        for chunks in 1..6 {
+            let rows = rows_per_task(m, chunks, 2);
+            assert!(
+                rows.is_multiple_of(MR) && (MR..=256).contains(&rows),
+                "{m} {chunks}: {rows}"
+            );
+        }
+    }
+}
+
+/// `from_u8` and `from_i8` give each value minus its zero point, rows padded with zeros; the
+/// AVX2 widening of narrow panels equals the portable one on every length.
+#[test]
+fn quantized_inputs_and_narrow_panels_widen_exactly() {
+    let a: Vec<u8> = (0..15).map(|i| (i * 17) as u8).collect();
+    let rows = QuantizedRows::from_u8(&a, 3, 5, 200);
+    let b: Vec<i8> = a.iter().map(|&v| v as i8).collect();
+    let signed = QuantizedRows::from_i8(&b, 3, 5, -3);
+    for i in 0..3 {
+        for p in 0..5 {
+            assert_eq!(rows.centered(i, p), i32::from(a[i * 5 + p]) - 200);
+            assert_eq!(signed.centered(i, p), i32::from(b[i * 5 + p]) + 3);
+        }
+        assert_eq!(rows.centered(i, 5), 0, "the padding of row {i}");
+    }
+    assert_eq!(QuantizedRows::from_u8(&[], 2, 0, 9).m(), 2);
+    let p: Vec<i8> = (0..70).map(|i| (i * 37 % 256) as u8 as i8).collect();
+    for len in 0..p.len() {
+        let mut want = vec![0i16; len];
+        super::matmul::portable_widen(&p[..len], &mut want);
+        assert!(want.iter().zip(&p).all(|(&w, &v)| w == i16::from(v)));
+        if Isa::available().contains(&Isa::Avx2) {
+            let mut got = vec![0i16; len];
+            // SAFETY: the CPU has AVX2.
+            unsafe { super::avx2::widen(&p[..len], &mut got) };
+            assert_eq!(got, want, "{len} values");
+        }
+    }
+}
+
+/// The requantized epilogue (a QDQ model's `QuantizeLinear → DequantizeLinear` after the
+/// product, then the bias) equals `quantize_linear`'s bytes dequantized as
+/// `(q − zero_point) as f32 · scale`, bit for bit, on every build, saturating at both ends.
+#[test]
+fn the_requantized_epilogue_is_quantize_linear_then_dequantize() {
+    let (m, k, n) = (37, 45, 21);
+    let a: Vec<u8> = (0..m * k).map(|i| (i * 31 % 256) as u8).collect();
+    let w: Vec<i8> = (0..k * n).map(|i| (i * 11 % 256) as u8 as i8).collect();
+    let rows = QuantizedRows::from_u8(&a, m, k, 100);
+    let packed = QuantizedWeight::from_i8(&w, k, n, &[0]);
+    let scale: Vec<f32> = (0..n).map(|j| 1e-4 * (j as f32 + 1.0)).collect();
+    let bias: Vec<f32> = crate::testing::ramp(n, 2.1);
+    let threads = ThreadPolicy::default();
+    // Values quantized to the low bound, the high bound, and between them.
+    let (mut low, mut high, mut inside) = (0, 0, 0);
+    for (to, zero_point, q_scale) in [
+        (Quantized::U8, 128, 0.01f32),
+        (Quantized::I8, -3, 0.004),
+        (Quantized::U8, 0, 0.5),
+    ] {
+        let rq = Requantize {
+            scale: q_scale,
+            zero_point,
+            to,
+        };
+        for kernel in kernels() {
+            let sums = int_sums(&kernel, &rows, &packed);
+            let products: Vec<f32> = (0..m * n).map(|i| sums[i] as f32 * scale[i % n]).collect();
+            let mut q = vec![0u8; m * n];
+            quantize_linear(
+                &kernel, &threads, &products, q_scale, zero_point, to, &mut q,
+            );
+            let mut y = vec![f32::NAN; m * n];
+            let out = QuantOutput::Float {
+                y: &mut y,
+                scale: &scale,
+                requantize: Some(rq),
+                bias: Some(&bias),
+                activation: None,
+            };
+            pool(2).install(|| quant_matmul(&kernel, &threads, &rows, &packed, out));
+            for i in 0..m * n {
+                let q = match to {
+                    Quantized::U8 => i32::from(q[i]),
+                    Quantized::I8 => i32::from(q[i] as i8),
+                };
+                let (lo, hi) = to.bounds();
+                low += usize::from(q == lo as i32);
+                high += usize::from(q == hi as i32);
+                inside += usize::from(q > lo as i32 && q < hi as i32);
+                let want = (q - zero_point) as f32 * q_scale + bias[i % n];
+                assert_eq!(y[i].to_bits(), want.to_bits(), "{kernel} {to:?} y[{i}]");
+            }
+        }
+    }
+    assert!(low > 0 && high > 0 && inside > 0, "{low} {high} {inside}");
 }
