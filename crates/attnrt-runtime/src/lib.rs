@@ -33,6 +33,7 @@
 pub mod attention;
 pub mod divide;
 mod embedding;
+mod flatten;
 pub mod gather;
 pub mod gelu;
 mod guard;
@@ -52,6 +53,7 @@ pub mod quant_projection;
 mod quantize_linear;
 mod registry;
 pub mod session;
+mod symbolic_mul;
 pub mod tensor;
 pub mod threads;
 mod tract_parser;

@@ -14,8 +14,8 @@
 use crate::options::{SessionOptions, Switch};
 use crate::tract_parser::OnnxParser;
 use crate::{
-    attention, divide, gather, gelu, integer_to_float, layer_norm, matmul_integer, projection,
-    quant_projection, quantize_linear,
+    attention, divide, flatten, gather, gelu, integer_to_float, layer_norm, matmul_integer,
+    projection, quant_projection, quantize_linear, symbolic_mul,
 };
 
 /// What an op counts as in [`OpCounts`].
@@ -111,6 +111,22 @@ pub(crate) static OPS: &[RuntimeOp] = &[
     RuntimeOp {
         name: divide::OP_NAME,
         parsers: &[&divide::DIV, &divide::MOD],
+        counts_as: Counted::Other,
+        switch: Switch::Always,
+    },
+    // `Flatten` with its own shape rule, which multiplies symbolic dimensions (tract's refuses
+    // two): tract's reshapes in the plan, in every session.
+    RuntimeOp {
+        name: flatten::OP_NAME,
+        parsers: &[&flatten::PARSER],
+        counts_as: Counted::Other,
+        switch: Switch::Always,
+    },
+    // `Mul` with a symbolic constant operand evaluated in front of tract's product (tract's
+    // simplification of the product fails on it): tract's ops in the plan, in every session.
+    RuntimeOp {
+        name: symbolic_mul::OP_NAME,
+        parsers: &[&symbolic_mul::PARSER],
         counts_as: Counted::Other,
         switch: Switch::Always,
     },

@@ -102,6 +102,19 @@ pub(crate) trait Wrapper: std::fmt::Debug + Clone + Send + Sync + 'static {
         Ok(())
     }
 
+    /// The node's shape rules: [`Wrapper::rules`] then tract's (`tract`), unless a wrapper
+    /// states its own in their place (where tract's cannot be solved).
+    fn all_rules<'r, 'p: 'r, 's: 'r>(
+        &'s self,
+        tract: &'s dyn Expansion,
+        s: &mut Solver<'r>,
+        inputs: &'p [TensorProxy],
+        outputs: &'p [TensorProxy],
+    ) -> InferenceResult {
+        self.rules(s, inputs)?;
+        tract.rules(s, inputs, outputs)
+    }
+
     /// Wires the node into `model`; `tract` is tract's expansion of it.
     fn wire(
         &self,
@@ -120,8 +133,8 @@ pub(crate) fn wrapper_of<W: Wrapper>(op: &dyn InferenceOp) -> Option<&W> {
     Some(&wrapped.wrapper)
 }
 
-/// A [`Wrapper`] around tract's expansion: tract's outputs and shape rules after the wrapper's,
-/// the wrapper's wiring.
+/// A [`Wrapper`] around tract's expansion: tract's outputs, the wrapper's shape rules
+/// ([`Wrapper::all_rules`]: tract's after its own checks, unless it replaces them) and wiring.
 #[derive(Debug, Clone)]
 struct Wrapped<W> {
     wrapper: W,
@@ -143,8 +156,7 @@ impl<W: Wrapper> Expansion for Wrapped<W> {
         inputs: &'p [TensorProxy],
         outputs: &'p [TensorProxy],
     ) -> InferenceResult {
-        self.wrapper.rules(s, inputs)?;
-        Expansion::rules(&*self.tract, s, inputs, outputs)
+        self.wrapper.all_rules(&*self.tract, s, inputs, outputs)
     }
 
     fn wire(
