@@ -419,16 +419,45 @@ fn a_padded_batch_gives_each_row_the_tokens_of_its_prompt_alone() {
             assert_eq!(row.tokens, alone.tokens, "{file}: prompt {prompt:?}");
         }
         assert_eq!(report.tokens, report.rows[0].tokens, "{file}");
-        // the prompt's plan and the single row's decode plan, made when the generator was built
-        // (the prompt's serves every prompt, whatever its length and batch), then one plan for
-        // every decode step of the batch of 3 (the TorchScript and optimum exports too: their
-        // `Flatten` of the mask and their `Mul` by its length plan with the batch symbolic)
-        assert_eq!(report.plans.built, 3, "{file}: {:?}", report.plans);
+        // the prompt's plan and the decode steps' plan, made when the generator was built, each
+        // serving every batch (the TorchScript and optimum exports too: their `Flatten` of the
+        // mask and their `Mul` by its length plan with the batch symbolic): no other
+        assert_eq!(report.plans.built, 2, "{file}: {:?}", report.plans);
         assert!(
             report.plans.refusals.is_empty(),
             "{file}: {:?}",
             report.plans
         );
+    }
+}
+
+/// Issue 26 (time to first token, batches): a batch of 4 on a TorchScript decoder with a cache
+/// plans nothing after the generator is built, neither its prompt nor its decode steps (tract's
+/// `Flatten` and `Mul` refused the batch and the lengths symbolic together; attnrt's parsers of
+/// both plan them).
+#[test]
+fn a_batch_of_four_plans_nothing_after_load_on_torchscript_decoders() {
+    let threads = Threads::new(Some(2)).unwrap();
+    let files: Vec<String> = decoders()
+        .into_iter()
+        .filter(|f| f.contains(".ts."))
+        .collect();
+    assert!(files.len() >= 4, "TorchScript decoders with a cache: {files:?}");
+    let prompts: Vec<Vec<i64>> = (0..4)
+        .map(|row| (0..6 + row).map(|i| (i * 5 + row + 1) % 90).collect())
+        .collect();
+    for file in files {
+        let model = load(&file);
+        let fused = fuse(&model, &FusionOptions::default()).unwrap().model;
+        let g = Generator::new(&fused, None, &threads, &file).unwrap();
+        let loaded = g.plan_stats();
+        let report = g.generate(&greedy(prompts.clone(), 3), |_| {}).unwrap();
+        assert_eq!(report.rows.len(), 4, "{file}");
+        let planned: Vec<f64> = report.steps.iter().map(|s| s.planning_ms).collect();
+        assert_eq!(planned, [0.0, 0.0, 0.0], "{file}");
+        let after = g.plan_stats();
+        assert_eq!(after.built, loaded.built, "{file}: {after:?}");
+        assert!(after.refusals.is_empty(), "{file}: {after:?}");
     }
 }
 

@@ -219,6 +219,9 @@ pub struct Generator {
     /// How the prompt step's plan is keyed (its length symbolic, its batch too where tract can
     /// plan that), when the decoder's token ids name their length; `None`: as the decode steps'.
     prompt_policy: Option<ShapePolicy>,
+    /// How the decode steps' plan is keyed (the past length symbolic, the batch too where
+    /// tract can plan that); `None`: the session's own policy (the batch bound).
+    decode_policy: Option<ShapePolicy>,
     /// Whether the decoder's logits are computed at the last position only (`last_position.rs`).
     last_position: bool,
 }
@@ -283,6 +286,7 @@ impl Generator {
         )?;
         let mut generator = Generator {
             prompt_policy: None,
+            decode_policy: None,
             signature,
             context,
             session: Arc::new(session),
@@ -293,30 +297,41 @@ impl Generator {
             last_position: sliced.is_some(),
         };
         if decoder_only {
-            generator.prompt_policy = generator.prepare_first_steps();
+            (generator.prompt_policy, generator.decode_policy) = generator.prepare_first_steps();
         }
         Ok(generator)
     }
 
     /// Makes the prompt's plan (its length symbolic, its batch too where tract can plan that)
-    /// and a single row's decode steps' plan (the past length symbolic) while the model loads:
-    /// the first token then costs the prompt's compute, not a plan, and a single row's prompt
-    /// step does not share the cores with making the decode steps' plan. Returns how the
-    /// prompt's plan is keyed: the first of [`DecoderSignature::prompt_shapes`] tract can plan
-    /// (`None`: none, the prompt planned as before, for its own shapes). Not for
-    /// encoder–decoders (their steps' shapes follow the encoder's); a plan that cannot be made
-    /// now is made by the step that needs it, as another batch size's decode plan is.
-    fn prepare_first_steps(&self) -> Option<ShapePolicy> {
-        let prompt = StepInputs::prefill(&self.signature, &[vec![0]], None).ok()?;
-        let policy = prompt.clone().take_tensors().ok().and_then(|shapes| {
-            let mut policies = self.signature.prompt_shapes().into_iter();
-            policies.find(|p| self.session.try_prepare_with(&shapes, p).is_ok())
-        });
-        // A failure here is the decode step's to report, when it comes.
-        if let Ok(shapes) = prompt.next_step_shapes(&self.signature) {
+    /// and the decode steps' plan (the past length symbolic, the batch too where tract can)
+    /// while the model loads: the first token then costs the prompt's compute, not a plan, and
+    /// the prompt step does not share the cores with making the decode steps' plan. Returns
+    /// how the two plans are keyed: the first of [`DecoderSignature::prompt_shapes`] and of
+    /// [`DecoderSignature::decode_shapes`] tract can plan (`None`: none; the step is planned
+    /// as before, for its own shapes, when it comes). Not for encoder–decoders (their steps'
+    /// shapes follow the encoder's).
+    fn prepare_first_steps(&self) -> (Option<ShapePolicy>, Option<ShapePolicy>) {
+        let Ok(prompt) = StepInputs::prefill(&self.signature, &[vec![0]], None) else {
+            return (None, None);
+        };
+        let plannable = |shapes: &[NamedTensor], policies: Vec<ShapePolicy>| {
+            let mut policies = policies.into_iter();
+            policies.find(|p| self.session.try_prepare_with(shapes, p).is_ok())
+        };
+        let prompt_policy = prompt
+            .clone()
+            .take_tensors()
+            .ok()
+            .and_then(|shapes| plannable(&shapes, self.signature.prompt_shapes()));
+        let Ok(shapes) = prompt.next_step_shapes(&self.signature) else {
+            return (prompt_policy, None);
+        };
+        let decode_policy = plannable(&shapes, self.signature.decode_shapes());
+        if decode_policy.is_none() {
+            // A failure here is the decode step's to report, when it comes.
             let _ = self.session.prepare(&shapes);
         }
-        policy
+        (prompt_policy, decode_policy)
     }
 
     /// Whether the decoder's logits are computed at the last position of a step only (the
@@ -527,7 +542,9 @@ impl Generator {
     /// Runs one step on both sessions; the cache of each moves forward with its own presents.
     fn step(&self, g: &mut Generation) -> Result<StepReport> {
         let (fed, past) = (g.ours.fed(), g.ours.past());
-        if g.steps.is_empty() && g.options.max_new_tokens > 1 {
+        // (nothing to make when the decode steps' plan, made at load, serves every batch)
+        let planned = self.decode_policy.is_some() && self.first_step.is_none();
+        if g.steps.is_empty() && g.options.max_new_tokens > 1 && !planned {
             g.decode_plan = Some(self.plan_decode_steps(g.ours.next_step_shapes(&self.signature)?));
         } else if let Some(pending) = g.decode_plan.take() {
             // a failed preparation leaves the step to plan (and report) for itself
@@ -573,15 +590,19 @@ impl Generator {
     }
 
     /// Runs a step's `inputs` on `session`: the prefill (`prompt`) on the prompt's plan, its
-    /// length symbolic, when the decoder makes its own first step and names that length.
+    /// length symbolic, when the decoder makes its own first step and names that length; a
+    /// decode step on the decode steps' plan (its batch symbolic where tract can plan that).
     fn run_on(
         &self,
         session: &Session,
         inputs: Vec<NamedTensor>,
         prompt: bool,
     ) -> Result<Vec<NamedTensor>> {
-        let policy = self.prompt_policy.as_ref();
-        match policy.filter(|_| prompt && self.first_step.is_none()) {
+        let policy = match prompt {
+            true => self.prompt_policy.as_ref(),
+            false => self.decode_policy.as_ref(),
+        };
+        match policy.filter(|_| self.first_step.is_none()) {
             Some(policy) => session.run_owned_with(inputs, policy),
             None => session.run_owned(inputs),
         }
@@ -609,8 +630,9 @@ impl Generator {
 
     /// Makes the decode steps' plan on its own thread, while the prompt runs: the first decode
     /// step then costs its compute, not a plan (the past length is symbolic in that plan, so it
-    /// serves every later step too). A single row's plan exists already (made when the generator
-    /// was built: [`Generator::plan_stats`]); the thread then finds it and ends.
+    /// serves every later step too). Not called when the plan made with the generator serves
+    /// every batch; a single row's plan exists already (made when the generator was built:
+    /// [`Generator::plan_stats`]); the thread then finds it and ends.
     fn plan_decode_steps(&self, shapes: Vec<NamedTensor>) -> std::thread::JoinHandle<()> {
         let session = Arc::clone(&self.session);
         std::thread::spawn(move || {

@@ -258,11 +258,25 @@ impl DecoderSignature {
             .collect()
     }
 
+    /// How the decode steps' plan may be keyed where tract can plan it: the past length
+    /// symbolic (the anchor, the mask's length tied to it) and the batch symbolic on its own,
+    /// so that one plan serves every batch size (else the session's own policy, the batch
+    /// bound). Empty when the token ids' batch has no name of its own.
+    pub fn decode_shapes(&self) -> Vec<ShapePolicy> {
+        self.batch_dim
+            .iter()
+            .map(|batch| ShapePolicy::DynamicDimsFree {
+                tied: self.dynamic_dims(),
+                free: vec![batch.clone()],
+            })
+            .collect()
+    }
+
     /// How a prompt's plan may be keyed, so that one plan serves every prompt length (and
     /// batch size), best first: the tokens fed symbolic (the anchor), the mask's length tied to
     /// it (the past is empty: bound to 0), the batch symbolic on its own; then the same with the
-    /// batch bound (tract cannot plan every graph with two free symbols: the TorchScript
-    /// exports flatten a `[batch, length]` tensor, and tract's `Flatten` refuses two symbols).
+    /// batch bound (for a graph tract cannot plan with two open symbols; attnrt's `Flatten`
+    /// and `Mul` parsers make the TorchScript and optimum exports plannable).
     /// Empty when the token ids' length has no name of its own.
     pub fn prompt_shapes(&self) -> Vec<ShapePolicy> {
         let Some(sequence) = self.sequence_dim.clone() else {
