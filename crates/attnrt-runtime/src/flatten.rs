@@ -1,13 +1,13 @@
 //! ONNX `Flatten` with symbolic dimensions on both sides of its axis: tract's shape rule refuses
 //! an input with more than one symbolic dimension ("square of symbols"), so a TorchScript
-//! decoder, which flattens its `[batch, sequence]` token ids, cannot be planned with its batch
-//! and its prompt length both symbolic. The output is `[product of the dimensions before the
+//! decoder, which flattens its `[batch, total length]` attention mask, cannot be planned with
+//! its batch and its lengths both symbolic. The output is `[product of the dimensions before the
 //! axis, product of those from it]`, exact with symbols (a product of symbols is a dimension
-//! tract plans with), wired as tract's own reshapes of each group.
+//! tract plans with), wired as tract's expansion wires it (the same axis ops, for that shape).
 
 use tract_onnx::model::ParsingContext;
 use tract_onnx::pb::NodeProto;
-use tract_onnx::tract_core::ops::change_axes::AxisOp;
+use tract_onnx::tract_core::ops::change_axes::to_axis_ops_with_tf_rules;
 use tract_onnx::tract_hir::internal::*;
 
 use crate::tract_parser::{OnnxParser, Wrapper};
@@ -36,7 +36,8 @@ fn parse(
     })
 }
 
-/// The parsed `Flatten`: its own shape rules in place of tract's, its own wiring.
+/// The parsed `Flatten`: its own shape rules in place of tract's, and tract's wiring for the
+/// output shape they give.
 #[derive(Debug, Clone)]
 struct Flatten {
     /// ONNX node name, for errors.
@@ -73,19 +74,6 @@ impl Flatten {
     }
 }
 
-/// The reshape making the dimensions `dims`, from axis `at`, one (none when there is one).
-fn group(at: usize, dims: &[TDim]) -> Option<AxisOp> {
-    match dims.len() {
-        0 => Some(AxisOp::Add(at)),
-        1 => None,
-        _ => Some(AxisOp::Reshape(
-            at,
-            dims.into(),
-            tvec![dims.iter().cloned().product()],
-        )),
-    }
-}
-
 impl Wrapper for Flatten {
     fn name(&self) -> StaticName {
         OP_NAME.into()
@@ -116,10 +104,12 @@ impl Wrapper for Flatten {
         inputs: &[OutletId],
     ) -> TractResult<TVec<OutletId>> {
         let shape = model.outlet_fact(inputs[0])?.shape.to_tvec();
-        let axis = self.axis_from_0(shape.len())?;
-        let ops = [group(0, &shape[..axis]), group(1, &shape[axis..])];
+        let output = self.output_shape(&shape)?;
         let mut wire = tvec!(inputs[0]);
-        for (ix, op) in ops.into_iter().flatten().enumerate() {
+        for (ix, op) in to_axis_ops_with_tf_rules(&shape, &output)?
+            .into_iter()
+            .enumerate()
+        {
             wire = model.wire_node(format!("{prefix}.{ix}"), op, &wire)?;
         }
         Ok(wire)
