@@ -5,7 +5,9 @@
 use rayon::prelude::*;
 
 use super::weight::Panel;
-use super::{avx2, portable, Build, QuantKernel, QuantizedRows, QuantizedWeight, Requantize, MR, NR};
+use super::{
+    avx2, portable, Build, QuantKernel, QuantizedRows, QuantizedWeight, Requantize, MR, NR,
+};
 use crate::act::{apply_rows_raw, ActKernel, Activation};
 use crate::threads::ThreadPolicy;
 
