@@ -44,6 +44,8 @@ impl KeyEnds {
         if st[3] == 0 || live_keys <= bk {
             return None;
         }
+        // `!(x <= FILL)`, not `x > FILL`: a NaN in the mask is a live key (its row must turn NaN).
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
         let mut ends = match mask {
             Mask::None => return None,
             Mask::Additive(m) => Self::scan(m, st, live_keys, bk, |x| !(*x <= FILL), live_keys),

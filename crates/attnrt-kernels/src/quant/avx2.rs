@@ -68,7 +68,7 @@ pub(super) unsafe fn quantize(x: &[f32], scale: f32, zero_point: u8, out: &mut [
     super::portable::quantize(&x[whole..n], scale, zero_point, &mut out[whole..n]);
 }
 
-/// [`super::matmul::portable_widen`] on AVX2: 16 values at a time by `vpmovsxbw`.
+/// [`super::portable::widen`] on AVX2: 16 values at a time by `vpmovsxbw`.
 ///
 /// # Safety
 /// The CPU must have AVX2.
@@ -84,7 +84,7 @@ pub(super) unsafe fn widen(p: &[i8], out: &mut [i16]) {
             _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), v);
         }
     }
-    super::matmul::portable_widen(&p[whole..n], &mut out[whole..n]);
+    super::portable::widen(&p[whole..n], &mut out[whole..n]);
 }
 
 /// Never called: the AVX2 build is chosen only on x86_64.
@@ -278,7 +278,7 @@ pub(super) unsafe fn quantize_linear(_: &[f32], _: f32, _: f32, _: super::Quanti
     unreachable!("the AVX2 build runs on x86_64 only")
 }
 
-/// [`super::linear::portable_requantize`] on AVX2: the quantization as [`quantize_linear`]'s
+/// [`super::portable::requantize`] on AVX2: the quantization as [`quantize_linear`]'s
 /// (the value, rounded and clamped, stays a float: an integer of the type's range), then
 /// `(q − zero_point) · scale`, the difference exact in float.
 ///
@@ -290,7 +290,7 @@ pub(super) unsafe fn requantize_linear(x: &[f32], rq: super::Requantize, out: &m
     let n = x.len().min(out.len());
     // SAFETY: `n` values of each.
     let whole = unsafe { requantize8(x.as_ptr(), out.as_mut_ptr(), n, rq) };
-    super::linear::portable_requantize(&x[whole..n], rq, &mut out[whole..n]);
+    super::portable::requantize(&x[whole..n], rq, &mut out[whole..n]);
 }
 
 /// The round trip of [`requantize_linear`] from `x` to `out` (which may be `x`), 8 values at a
@@ -322,7 +322,7 @@ pub(super) unsafe fn requantize_linear(_: &[f32], _: super::Requantize, _: &mut 
     unreachable!("the AVX2 build runs on x86_64 only")
 }
 
-/// [`super::matmul::portable_requantize_in_place`] on AVX2, as [`requantize_linear`].
+/// [`super::portable::requantize_in_place`] on AVX2, as [`requantize_linear`].
 ///
 /// # Safety
 /// The CPU must have AVX2.
@@ -333,7 +333,7 @@ pub(super) unsafe fn requantize_in_place(y: &mut [f32], rq: super::Requantize) {
     // SAFETY: `y.len()` values, read and written in place.
     let whole = unsafe { requantize8(p, p, y.len(), rq) };
     // SAFETY: plain Rust.
-    unsafe { super::matmul::portable_requantize_in_place(&mut y[whole..], rq) };
+    unsafe { super::portable::requantize_in_place(&mut y[whole..], rq) };
 }
 
 /// Never called: the AVX2 build is chosen only on x86_64.

@@ -67,15 +67,8 @@ pub fn requantize_linear(
     elementwise(threads, x, out, |x, out| match kernel.build {
         // SAFETY: the AVX2 build is chosen only on CPUs with AVX2.
         Build::Avx2 => unsafe { avx2::requantize_linear(x, requantize, out) },
-        Build::Portable => portable_requantize(x, requantize, out),
+        Build::Portable => portable::requantize(x, requantize, out),
     });
-}
-
-/// [`requantize_linear`] one value at a time: the AVX2 build's reference and its tail.
-pub(super) fn portable_requantize(x: &[f32], requantize: Requantize, out: &mut [f32]) {
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = requantize.apply(v);
-    }
 }
 
 /// ONNX `QuantizeLinear` then `DequantizeLinear` with the same scale and zero point (a QDQ

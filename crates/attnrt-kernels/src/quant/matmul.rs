@@ -5,7 +5,9 @@
 use rayon::prelude::*;
 
 use super::weight::Panel;
-use super::{avx2, Build, QuantKernel, QuantizedRows, QuantizedWeight, Requantize, MR, NR};
+use super::{
+    avx2, portable, Build, QuantKernel, QuantizedRows, QuantizedWeight, Requantize, MR, NR,
+};
 use crate::act::{apply_rows_raw, ActKernel, Activation};
 use crate::threads::ThreadPolicy;
 
@@ -165,14 +167,7 @@ fn widen(kernel: &QuantKernel, p: &[i8], out: &mut Vec<i16>) {
     match kernel.build {
         // SAFETY: the AVX2 build is chosen only on CPUs with AVX2.
         Build::Avx2 => unsafe { avx2::widen(p, out) },
-        Build::Portable => portable_widen(p, out),
-    }
-}
-
-/// `out[i] = p[i]` as i16 (the AVX2 build's reference).
-pub(super) fn portable_widen(p: &[i8], out: &mut [i16]) {
-    for (o, &v) in out.iter_mut().zip(p) {
-        *o = i16::from(v);
+        Build::Portable => portable::widen(p, out),
     }
 }
 
@@ -253,7 +248,7 @@ unsafe fn store(kernel: &QuantKernel, sink: Sink, acc: &[[i32; NR]; MR], block: 
     unsafe {
         match kernel.build {
             Build::Avx2 => store_avx2(sink, acc, block),
-            Build::Portable => store_rows(sink, acc, block, portable_requantize_in_place),
+            Build::Portable => store_rows(sink, acc, block, portable::requantize_in_place),
         }
     }
 }
@@ -267,16 +262,6 @@ unsafe fn store(kernel: &QuantKernel, sink: Sink, acc: &[[i32; NR]; MR], block: 
 unsafe fn store_avx2(sink: Sink, acc: &[[i32; NR]; MR], block: Block) {
     // SAFETY: as the caller vouches; the CPU has AVX2.
     unsafe { store_rows(sink, acc, block, avx2::requantize_in_place) }
-}
-
-/// [`Requantize::apply`] to each of `y` in place (the AVX2 build's reference and tail).
-///
-/// # Safety
-/// None (`unsafe` for the type it shares with the AVX2 build).
-pub(super) unsafe fn portable_requantize_in_place(y: &mut [f32], requantize: Requantize) {
-    for y in y {
-        *y = requantize.apply(*y);
-    }
 }
 
 /// The epilogue of [`store`] in plain Rust, the round trip of a row's values by `requantize`.

@@ -1,5 +1,8 @@
-//! The portable build of `DynamicQuantizeLinear`'s steps (the AVX2 build's reference, and its
-//! tails): the range, the scale and zero point, the quantization of a row.
+//! The portable build of the integer steps (the AVX2 build's reference, and its tails): the
+//! range, scale and zero point of `DynamicQuantizeLinear`, the quantization of a row, the
+//! `QuantizeLinear` → `DequantizeLinear` round trip, the widening of narrow panels.
+
+use super::Requantize;
 
 /// `(min(0, min x), max(0, max x))`, NaNs ignored: a value replaces the minimum only when it is
 /// below it (so −0 never does), as tract-onnx folds it.
@@ -19,7 +22,8 @@ pub(crate) fn range(x: &[f32]) -> (f32, f32) {
 /// 0): in f32, as ONNX and tract-onnx compute them (a NaN zero point, from a zero range, is 0).
 pub(crate) fn scale_and_zero_point(min: f32, max: f32) -> (f32, u8) {
     let scale = (max - min) / 255.0;
-    let zero_point = (-min / scale).round_ties_even().max(0.0).min(255.0);
+    // A NaN stays NaN through `clamp` and casts to 0, the zero point ONNX gives a zero range.
+    let zero_point = (-min / scale).round_ties_even().clamp(0.0, 255.0);
     (scale, zero_point as u8)
 }
 
@@ -59,4 +63,28 @@ pub(crate) fn quantize_value(v: f32, scale: f32, zero_point: f32, to: super::Qua
     let r = (v / scale).round_ties_even();
     let r = if r.is_nan() { 0.0 } else { r };
     (r + zero_point).max(lo).min(hi) as i32
+}
+
+/// [`super::requantize_linear`] one value at a time: the AVX2 build's reference and its tail.
+pub(super) fn requantize(x: &[f32], requantize: Requantize, out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = requantize.apply(v);
+    }
+}
+
+/// `out[i] = p[i]` as i16 (the AVX2 build's reference).
+pub(super) fn widen(p: &[i8], out: &mut [i16]) {
+    for (o, &v) in out.iter_mut().zip(p) {
+        *o = i16::from(v);
+    }
+}
+
+/// [`super::Requantize::apply`] to each of `y` in place (the AVX2 build's reference and tail).
+///
+/// # Safety
+/// None (`unsafe` for the type it shares with the AVX2 build).
+pub(super) unsafe fn requantize_in_place(y: &mut [f32], requantize: Requantize) {
+    for y in y {
+        *y = requantize.apply(*y);
+    }
 }

@@ -352,7 +352,7 @@ fn quantized_inputs_and_narrow_panels_widen_exactly() {
     let p: Vec<i8> = (0..70).map(|i| (i * 37 % 256) as u8 as i8).collect();
     for len in 0..p.len() {
         let mut want = vec![0i16; len];
-        super::matmul::portable_widen(&p[..len], &mut want);
+        super::portable::widen(&p[..len], &mut want);
         assert!(want.iter().zip(&p).all(|(&w, &v)| w == i16::from(v)));
         if Isa::available().contains(&Isa::Avx2) {
             let mut got = vec![0i16; len];
