@@ -656,14 +656,14 @@ fn print_text(
     }
     let planning = r.steps.first().map_or(0.0, |s| s.planning_ms);
     println!(
-        "time to first token: {:.2} ms (plans made meanwhile: {planning:.2} ms; a single row's prompt and decode plans are made at load)",
+        "time to first token: {:.2} ms (plans made meanwhile: {planning:.2} ms; the prompt's and the decode steps' plans are made at load, for every batch where tract can plan that)",
         r.time_to_first_token_ms
     );
     if let (Some(tps), Some(ms)) = (r.decode_tokens_per_s, r.median_step_ms) {
         println!("decode: {tps:.1} tokens/s, median {ms:.3} ms per step (steps that made a plan excluded)");
     }
     println!(
-        "plans: {} built in {:.1} ms (per batch size, one for the prompt and one for the decode steps)",
+        "plans: {} built in {:.1} ms (one for the prompt and one for the decode steps, at load; per batch size where tract cannot keep the batch symbolic)",
         r.plans.built, r.plans.build_ms
     );
     if let (Some(ok), Some(tol)) = (r.check_ok, tol) {

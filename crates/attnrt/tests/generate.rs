@@ -442,7 +442,10 @@ fn a_batch_of_four_plans_nothing_after_load_on_torchscript_decoders() {
         .into_iter()
         .filter(|f| f.contains(".ts."))
         .collect();
-    assert!(files.len() >= 4, "TorchScript decoders with a cache: {files:?}");
+    assert!(
+        files.len() >= 4,
+        "TorchScript decoders with a cache: {files:?}"
+    );
     let prompts: Vec<Vec<i64>> = (0..4)
         .map(|row| (0..6 + row).map(|i| (i * 5 + row + 1) % 90).collect())
         .collect();

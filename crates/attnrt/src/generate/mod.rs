@@ -4,9 +4,11 @@
 //! (`step.rs`); a row that made its end-of-sequence token is finished and no longer changes.
 //! One [`Session`] serves every step: the past length stays symbolic in the decode steps' plans
 //! ([`ShapePolicy::DynamicDims`]) and the prompt's length in the prompt's, so a step costs the
-//! step. A decoder-only model's prompt plan (its batch symbolic too where tract can plan that)
-//! and single-row decode plan are made when the generator is built; another batch size's decode
-//! plan is made while its prompt runs. A step's logits are computed at its last position only
+//! step. A decoder-only model's prompt plan and decode steps' plan are made when the generator
+//! is built, each with the batch symbolic too where tract can plan that (every decoder in
+//! `models/`: attnrt's `Flatten` and `Mul` parsers make the TorchScript and optimum exports
+//! plannable so); where it cannot, each batch size's plans are made at its first step (the
+//! decode steps' while its prompt runs). A step's logits are computed at its last position only
 //! where the graph allows it exactly (`last_position.rs`): the prompt's other positions never
 //! choose a token.
 //!
