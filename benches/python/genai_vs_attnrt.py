@@ -20,6 +20,9 @@ rows of a batch of equal length (no padding: onnxruntime-genai pads on the right
 ``--attnrt-base`` runs a second attnrt binary (e.g. main's build) in the same rounds, for an
 A/B of two builds under the same machine state.
 
+``tokens_equal`` holds per configuration whether every engine gave the same greedy tokens in
+every round; ``token_mismatches`` keeps each engine's tokens of any round where they differed.
+
 Needs a Python with onnxruntime-genai, onnx and numpy (run with it; the genai side runs
 ``sys.executable`` again with ``--worker``).  Prints one JSON object; ``--out`` saves it.
 """
@@ -126,7 +129,7 @@ def weight_bytes_per_step(model: Path) -> int:
 
 
 def measure(args) -> dict:
-    results, agree = {}, {}
+    results, agree, mismatches = {}, {}, []
     # One file per run: other runs may share the folder.
     tmp = Path(args.dir) / f"genai_bench_ids.{os.getpid()}.json"
     bandwidths = []
@@ -151,10 +154,17 @@ def measure(args) -> dict:
                         summary(outs[name]["steps_ms"], batch))
                     print(f"round {rnd} {key} {name}: {results[key][name][-1]}",
                           file=sys.stderr, flush=True)
-                agree[f"prompt{length}_batch{batch}"] = all(
-                    out["rows"] == outs["onnxruntime-genai"]["rows"] for out in outs.values())
+                key = f"prompt{length}_batch{batch}"
+                equal = all(out["rows"] == outs["onnxruntime-genai"]["rows"]
+                            for out in outs.values())
+                # Equal in every round; a round that differs keeps every engine's tokens.
+                agree[key] = agree.get(key, True) and equal
+                if not equal:
+                    mismatches.append({"round": rnd, "case": key,
+                                       "rows": {name: out["rows"] for name, out in outs.items()}})
     tmp.unlink(missing_ok=True)
-    return {"results": results, "tokens_equal": agree, "bandwidth_gb_s": [b / 1e9 for b in bandwidths]}
+    return {"results": results, "tokens_equal": agree, "token_mismatches": mismatches,
+            "bandwidth_gb_s": [b / 1e9 for b in bandwidths]}
 
 
 def report(raw: dict, weight_bytes: int) -> dict:
@@ -179,7 +189,8 @@ def report(raw: dict, weight_bytes: int) -> dict:
                 "per_token": base["per_token_ms"] / ours["per_token_ms"]}
     return {"weight_bytes_per_step": weight_bytes, "bandwidth_gb_s": bandwidth / 1e9,
             "weight_streaming_limit_ms": limit_ms, "table": table,
-            "tokens_equal": raw["tokens_equal"], "raw": raw}
+            "tokens_equal": raw["tokens_equal"], "token_mismatches": raw["token_mismatches"],
+            "raw": raw}
 
 
 def main() -> int:
