@@ -23,7 +23,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_core::ops::nn::gelu_approximate::gelu_approximate;
 use tract_onnx::tract_hir::internal::*;
 
-use crate::projection::ProjectionOp;
+use crate::projection::{sole_reader, ProjectionOp};
 use crate::quant_projection::QuantProjectionOp;
 use crate::tensor::f32_data_mut;
 use crate::tract_parser::OnnxParser;
@@ -254,11 +254,10 @@ fn projection_before(
     model: &TypedModel,
     mut outlet: OutletId,
 ) -> TractResult<Option<(&TypedNode, Vec<&TypedNode>)>> {
-    let outputs = model.output_outlets()?;
     let mut reshapes = Vec::new();
     loop {
         let node = model.node(outlet.node);
-        if node.outputs[outlet.slot].successors.len() != 1 || outputs.contains(&outlet) {
+        if sole_reader(model, outlet)?.is_none() {
             return Ok(None);
         }
         if node.op_is::<ProjectionOp>() || node.op_is::<QuantProjectionOp>() {

@@ -550,10 +550,9 @@ pub(crate) fn bias_add_after<'m>(
     n: usize,
 ) -> TractResult<Option<(&'m TypedNode, Vec<f32>)>> {
     let here = OutletId::new(node.id, 0);
-    if node.outputs[0].successors.len() != 1 || model.output_outlets()?.contains(&here) {
+    let Some(next) = sole_reader(model, here)? else {
         return Ok(None);
-    }
-    let next = model.node(node.outputs[0].successors[0].node);
+    };
     let is_add = next
         .op_as::<tract_onnx::tract_core::ops::binary::TypedBinOp>()
         .is_some_and(|b| b.0.is::<tract_onnx::tract_core::ops::math::Add>() && b.1.is_none());
@@ -576,6 +575,17 @@ pub(crate) fn bias_add_after<'m>(
         return Ok(None);
     }
     Ok(bias_row(b, n, y_fact.rank()).map(|row| (next, row)))
+}
+
+/// The node that alone reads `outlet`, when `outlet` is not a model output either: the
+/// condition for folding the node that computes `outlet` into a later one (nothing else sees
+/// the value the fold stops computing).
+pub(crate) fn sole_reader(model: &TypedModel, outlet: OutletId) -> TractResult<Option<&TypedNode>> {
+    let readers = &model.node(outlet.node).outputs[outlet.slot].successors;
+    if readers.len() != 1 || model.output_outlets()?.contains(&outlet) {
+        return Ok(None);
+    }
+    Ok(Some(model.node(readers[0].node)))
 }
 
 /// The patch that replaces the chain of nodes from the one reading `input` to `last` by `op`

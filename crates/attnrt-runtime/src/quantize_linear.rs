@@ -18,7 +18,7 @@ use tract_onnx::tract_hir::internal::*;
 
 use tract_onnx::tract_core::ops::quant::DequantizeLinearF32;
 
-use crate::projection::replace_chain;
+use crate::projection::{replace_chain, sole_reader};
 use crate::quant_projection::QuantProjectionOp;
 use crate::tensor::{f32_data, f32_data_mut};
 use crate::tract_parser::{OnnxParser, Wrapper};
@@ -226,13 +226,10 @@ impl TypedOp for QuantizeLinearOp {
         model: &TypedModel,
         node: &TypedNode,
     ) -> TractResult<Option<TypedModelPatch>> {
-        let outputs = model.output_outlets()?;
-        let only_reader = |n: &TypedNode| {
-            let out = &n.outputs[0].successors;
-            (out.len() == 1 && !outputs.contains(&OutletId::new(n.id, 0)))
-                .then(|| model.node(out[0].node))
-        };
-        let Some(dq) = only_reader(node).filter(|_| !self.dequantize) else {
+        if self.dequantize {
+            return Ok(None);
+        }
+        let Some(dq) = sole_reader(model, OutletId::new(node.id, 0))? else {
             return Ok(None);
         };
         let same = dq.op_as::<DequantizeLinearF32>().is_some_and(|d| {
@@ -242,10 +239,12 @@ impl TypedOp for QuantizeLinearOp {
             return Ok(None);
         }
         let producer = model.node(node.inputs[0].node);
-        let projection = producer
-            .op_as::<QuantProjectionOp>()
-            .filter(|_| only_reader(producer).is_some())
-            .and_then(|p| p.with_requantize(self.requantize()));
+        let projection = match producer.op_as::<QuantProjectionOp>() {
+            Some(p) if sole_reader(model, node.inputs[0])?.is_some() => {
+                p.with_requantize(self.requantize())
+            }
+            _ => None,
+        };
         let patch = match projection {
             Some(op) => replace_chain(model, producer.inputs[0], dq, &producer.name, op)?,
             None => {
