@@ -23,11 +23,7 @@ fn parse(
     ctx: &ParsingContext,
     node: &NodeProto,
 ) -> TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
-    let axis = node
-        .attribute
-        .iter()
-        .find(|a| a.name == "axis")
-        .map_or(1, |a| a.i);
+    let axis = node.get_attr_opt("axis")?.unwrap_or(1);
     PARSER.wrap_expansion(ctx, node, || {
         Ok(Flatten {
             node: node.name.clone(),

@@ -59,10 +59,8 @@ impl Wrapper for SymbolicProduct {
             .iter()
             .map(|&i| model.outlet_fact(i).cloned())
             .collect::<TractResult<Vec<_>>>()?;
-        if facts.iter().all(|f| f.konst.is_some()) {
-            return tract.wire(prefix, model, inputs);
-        }
-        if !facts.iter().any(symbolic_constant) {
+        let all_constant = facts.iter().all(|f| f.konst.is_some());
+        if all_constant || !facts.iter().any(symbolic_constant) {
             return tract.wire(prefix, model, inputs);
         }
         let mut wires: TVec<OutletId> = inputs.into();
