@@ -418,11 +418,14 @@ static SHARED: Shared = Shared {
     consts: Cache::new(),
 };
 
+/// What a cached value is made as, and from which bytes.
+type Key = (Kind, Bytes);
+
 /// Values made from bytes, keyed by the bytes' address, length and what was made. An entry
 /// keeps its bytes, so no other bytes can take that address while it is there; entries whose
 /// value is gone are dropped as new ones come.
 struct Cache<T> {
-    entries: Mutex<Vec<((Kind, Bytes), Weak<T>)>>,
+    entries: Mutex<Vec<(Key, Weak<T>)>>,
 }
 
 impl<T> Cache<T> {
@@ -434,14 +437,9 @@ impl<T> Cache<T> {
 
     /// The value made from `key`'s bytes: a live one, or `make()`'s, kept when the bytes are
     /// mapped (heap bytes are not kept alive for a cache).
-    fn get_or_make(
-        &self,
-        key: (Kind, Bytes),
-        make: impl FnOnce() -> TractResult<T>,
-    ) -> TractResult<Arc<T>> {
-        let same = |k: &(Kind, Bytes)| {
-            k.0 == key.0 && k.1.as_ptr() == key.1.as_ptr() && k.1.len() == key.1.len()
-        };
+    fn get_or_make(&self, key: Key, make: impl FnOnce() -> TractResult<T>) -> TractResult<Arc<T>> {
+        let same =
+            |k: &Key| k.0 == key.0 && k.1.as_ptr() == key.1.as_ptr() && k.1.len() == key.1.len();
         {
             let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
             let live = entries
