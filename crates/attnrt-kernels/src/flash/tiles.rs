@@ -21,34 +21,58 @@ unsafe fn qk_tile<S: FlashSimd, const M: usize, const N: usize>(
     mx: Option<&mut [S::V; N]>,
 ) {
     let mut acc = [[S::zero(); N]; M];
-    let mut rows = [k0; M];
-    for m in 1..M {
-        rows[m] = k0.offset(m as isize * ks);
-    }
+    let rows = strided::<M>(k0, ks);
     for dd in 0..d {
-        let qrow = qt.add(dd * S::BQ);
-        let mut qv = [S::zero(); N];
-        for (n, x) in qv.iter_mut().enumerate() {
-            *x = S::load(qrow.add(n * S::LANES));
-        }
-        let off = dd as isize * kd;
-        for m in 0..M {
-            let kb = S::splat(*rows[m].offset(off));
-            for n in 0..N {
-                acc[m][n] = S::fma(kb, qv[n], acc[m][n]);
-            }
-        }
+        rank1_update::<S, M, N>(&mut acc, &rows, dd as isize * kd, qt.add(dd * S::BQ));
     }
-    for (m, row) in acc.iter().enumerate() {
-        for (n, x) in row.iter().enumerate() {
-            S::store(s.add(m * S::BQ + n * S::LANES), *x);
-        }
-    }
+    store_tile::<S, M, N>(&acc, s);
     if let Some(mx) = mx {
         for row in &acc {
             for n in 0..N {
                 mx[n] = S::max(mx[n], row[n]);
             }
+        }
+    }
+}
+
+/// `M` pointers `stride` elements apart from `first`: the rows (keys) or columns (values) a
+/// tile reads.
+#[inline(always)]
+fn strided<const M: usize>(first: *const f32, stride: isize) -> [*const f32; M] {
+    std::array::from_fn(|m| first.wrapping_offset(m as isize * stride))
+}
+
+/// `acc[m][·] += a[m][off] · b[·]`, `b` the `N` vectors at `b`: one rank-1 update of an `M × N`
+/// register tile, the step of both products (`a` the keys and `b` a row of `Qᵀ`, or `a` the
+/// value columns and `b` a row of `Pᵀ`).
+#[inline(always)]
+unsafe fn rank1_update<S: FlashSimd, const M: usize, const N: usize>(
+    acc: &mut [[S::V; N]; M],
+    a: &[*const f32; M],
+    off: isize,
+    b: *const f32,
+) {
+    let mut bv = [S::zero(); N];
+    for (n, x) in bv.iter_mut().enumerate() {
+        *x = S::load(b.add(n * S::LANES));
+    }
+    for m in 0..M {
+        let am = S::splat(*a[m].offset(off));
+        for n in 0..N {
+            acc[m][n] = S::fma(am, bv[n], acc[m][n]);
+        }
+    }
+}
+
+/// Stores an `M × N` register tile at `dst`, its rows `BQ` floats apart.
+#[inline(always)]
+unsafe fn store_tile<S: FlashSimd, const M: usize, const N: usize>(
+    acc: &[[S::V; N]; M],
+    dst: *mut f32,
+) {
+    for (m, row) in acc.iter().enumerate() {
+        for (n, x) in row.iter().enumerate() {
+            S::store(dst.add(m * S::BQ + n * S::LANES), *x);
         }
     }
 }
@@ -132,29 +156,11 @@ unsafe fn pv_tile<S: FlashSimd, const M: usize, const N: usize>(
             }
         }
     }
-    let mut cols = [v0; M];
-    for m in 1..M {
-        cols[m] = v0.offset(m as isize * vd);
-    }
+    let cols = strided::<M>(v0, vd);
     for j in 0..nk {
-        let prow = p.add(j * S::BQ);
-        let mut pv = [S::zero(); N];
-        for (n, x) in pv.iter_mut().enumerate() {
-            *x = S::load(prow.add(n * S::LANES));
-        }
-        let off = j as isize * vs;
-        for m in 0..M {
-            let vb = S::splat(*cols[m].offset(off));
-            for n in 0..N {
-                acc[m][n] = S::fma(vb, pv[n], acc[m][n]);
-            }
-        }
+        rank1_update::<S, M, N>(&mut acc, &cols, j as isize * vs, p.add(j * S::BQ));
     }
-    for (m, row) in acc.iter().enumerate() {
-        for (n, x) in row.iter().enumerate() {
-            S::store(ot.add(m * S::BQ + n * S::LANES), *x);
-        }
-    }
+    store_tile::<S, M, N>(&acc, ot);
 }
 
 /// Accumulates `nk` keys' values (rows from `v0`, strides `vs`/`vd`) weighted by the
