@@ -48,6 +48,7 @@ mod packed;
 pub mod plan;
 pub mod profile;
 pub mod projection;
+mod projection_core;
 pub mod quant_pins;
 pub mod quant_projection;
 mod quantize_linear;
