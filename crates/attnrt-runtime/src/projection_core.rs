@@ -102,3 +102,68 @@ fn types(dts: &[DatumType]) -> String {
     let names: Vec<String> = dts.iter().map(|dt| format!("{dt:?}")).collect();
     names.join(" or ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A projection `[..., 3]` → `[..., 2]` of f32 whose output holds the rows it was given.
+    struct Rows;
+
+    impl RowProjection for Rows {
+        fn context(&self) -> String {
+            "node 'fc'".into()
+        }
+
+        fn dims(&self) -> (usize, usize) {
+            (3, 2)
+        }
+
+        fn input_types(&self) -> TVec<DatumType> {
+            tvec!(DatumType::F32)
+        }
+
+        fn output_type(&self) -> DatumType {
+            DatumType::I64
+        }
+
+        fn project(&self, _: &[TValue], m: usize, shape: &[usize]) -> TractResult<Tensor> {
+            let n: usize = shape.iter().product();
+            Tensor::from_shape(shape, &vec![m as i64; n])
+        }
+    }
+
+    fn x(shape: &[usize]) -> TVec<TValue> {
+        let n = shape.iter().product();
+        tvec!(Tensor::from_shape(shape, &vec![0f32; n])
+            .unwrap()
+            .into_tvalue())
+    }
+
+    #[test]
+    fn the_leading_axes_are_rows_and_the_last_becomes_n() {
+        let y = eval(&Rows, x(&[2, 5, 3])).unwrap();
+        assert_eq!(y[0].shape(), [2, 5, 2]);
+        assert_eq!(
+            y[0].try_as_plain_ram().unwrap().as_slice::<i64>().unwrap()[0],
+            10
+        );
+        let fact = f32::fact([TDim::from(4), TDim::from(3)]);
+        let facts = output_facts(&Rows, &[&fact]).unwrap();
+        assert_eq!(facts[0], i64::fact([4, 2]));
+    }
+
+    #[test]
+    fn an_input_of_another_extent_or_type_or_a_scalar_is_an_error_naming_the_node() {
+        let err = eval(&Rows, x(&[2, 4])).unwrap_err().to_string();
+        assert_eq!(err, "node 'fc': A is F32 [2, 4], needs F32 [..., 3]");
+        let ints = tvec!(Tensor::from_shape(&[1, 3], &[1i64, 2, 3])
+            .unwrap()
+            .into_tvalue());
+        let err = eval(&Rows, ints).unwrap_err().to_string();
+        assert!(err.contains("A is I64 [1, 3], needs F32"), "{err}");
+        let scalar = f32::fact([0usize; 0]);
+        let err = output_facts(&Rows, &[&scalar]).unwrap_err().to_string();
+        assert!(err.starts_with("node 'fc': A is F32"), "{err}");
+    }
+}
