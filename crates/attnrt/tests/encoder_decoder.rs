@@ -17,7 +17,9 @@
 
 use std::path::{Path, PathBuf};
 
-use attnrt::generate::{GenerationOptions, GenerationReport, Generator, SamplingOptions};
+use attnrt::generate::{
+    GenerationOptions, GenerationReport, Generator, KvCacheMode, SamplingOptions,
+};
 use attnrt::harness::{read_npz_tensors, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, Limits, ModelProto};
@@ -105,6 +107,7 @@ fn greedy(prompts: Vec<Vec<i64>>, n: usize, encoder_inputs: Vec<NamedTensor>) ->
         max_length: None,
         sampling: SamplingOptions::default(),
         encoder_inputs,
+        kv_cache: KvCacheMode::default(),
     }
 }
 

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use attnrt::generate::{
-    context, DecoderSignature, GenerationFailed, GenerationOptions, Generator, SamplingOptions,
-    StopReason,
+    context, DecoderSignature, GenerationFailed, GenerationOptions, Generator, KvCacheMode,
+    SamplingOptions, StopReason,
 };
 use attnrt::harness::Tolerance;
 use attnrt_fusion::{fuse, FusionOptions};
@@ -64,6 +64,7 @@ fn fused_decoders_generate_the_unfused_tokens_with_two_plans() {
             sampling: SamplingOptions::default(),
             max_length: None,
             encoder_inputs: Vec::new(),
+            kv_cache: KvCacheMode::default(),
         };
         let mut seen = 0;
         let report = generator.generate(&options, |_| seen += 1).unwrap();
@@ -161,6 +162,7 @@ fn eos_stops_generation_and_keeps_the_token() {
         sampling: SamplingOptions::default(),
         max_length: None,
         encoder_inputs: Vec::new(),
+        kv_cache: KvCacheMode::default(),
     };
     let free = g.generate(&options, |_| {}).unwrap();
     assert_eq!(free.stopped, StopReason::MaxNewTokens);
@@ -210,6 +212,7 @@ fn generation_stops_at_the_context_or_keeps_its_tokens_when_a_step_fails() {
         max_length: Some(7),
         sampling: SamplingOptions::default(),
         encoder_inputs: Vec::new(),
+        kv_cache: KvCacheMode::default(),
     };
     let r = g.generate(&options, |_| {}).unwrap();
     assert_eq!(
@@ -270,6 +273,7 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
                 ..SamplingOptions::default()
             },
             encoder_inputs: Vec::new(),
+            kv_cache: KvCacheMode::default(),
         };
         let report = g.generate(&options, |_| {}).unwrap();
         assert_eq!(report.check_ok, Some(true), "{file}: {:#?}", report.steps);
@@ -291,6 +295,7 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
             ..SamplingOptions::default()
         },
         encoder_inputs: Vec::new(),
+        kv_cache: KvCacheMode::default(),
     };
     let want = g.generate(&greedy, |_| {}).unwrap().tokens;
     let top1 = GenerationOptions {
@@ -379,6 +384,7 @@ fn greedy(prompts: Vec<Vec<i64>>, max_new_tokens: usize) -> GenerationOptions {
         max_length: None,
         sampling: SamplingOptions::default(),
         encoder_inputs: Vec::new(),
+        kv_cache: KvCacheMode::default(),
     }
 }
 

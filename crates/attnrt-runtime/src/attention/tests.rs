@@ -82,13 +82,14 @@ fn op(has_mask: bool, is_causal: bool, qk_mode: i64, with_scores: bool) -> Atten
         has_past: false,
         has_nonpad: true,
         outputs: [true, false, false, with_scores],
+        kv_store: false,
     }
 }
 
 fn run(op: &AttentionOp, inputs: Vec<Tensor>) -> TractResult<Vec<Vec<f32>>> {
     let inputs: Vec<TValue> = inputs.into_iter().map(|t| t.into_tvalue()).collect();
     let kernels = KernelSet::resolve()?;
-    Ok(eval_attention(op, &kernels, &inputs)?
+    Ok(eval_attention(op, &kernels, &inputs, None)?
         .iter()
         .map(|t| f32s(t).to_vec())
         .collect())

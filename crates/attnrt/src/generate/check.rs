@@ -77,7 +77,7 @@ impl Generator {
         let mut pinned = None;
         if !ok && recorder.recorded() > 0 {
             let pins = QuantPins::replayer(&recorder, tol.atol as f32, tol.rtol as f32);
-            let outputs = pins.during(|| self.run_on(&self.session, kept, prompt))?;
+            let outputs = pins.during(|| self.run_on(&self.session, kept, prompt, None))?;
             let again = outputs
                 .into_iter()
                 .find(|o| o.name == *name)

@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use super::sampling::Sampler;
 use super::step::StepInputs;
-use super::{ContextLimit, GenerationOptions, RowReport, StepReport, StopReason};
+use super::{ContextLimit, GenerationOptions, KvCacheReport, RowReport, StepReport, StopReason};
 
 /// A generation between two steps (see the module docs).
 pub struct Generation {
@@ -28,6 +28,8 @@ pub struct Generation {
     pub(super) decode_plan: Option<std::thread::JoinHandle<()>>,
     /// An encoder–decoder's encoder run, in milliseconds.
     pub(super) encoder_ms: Option<f64>,
+    /// How its key/value cache is kept.
+    pub(super) kv_cache: KvCacheReport,
 }
 
 impl Generation {

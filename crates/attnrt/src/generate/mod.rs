@@ -30,6 +30,7 @@ mod check;
 pub mod context;
 mod encoder;
 mod generation;
+mod kv_cache;
 mod last_position;
 pub mod sampling;
 mod signature;
@@ -40,7 +41,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use attnrt_onnx::ModelProto;
-use attnrt_runtime::{NamedTensor, PlanStats, Session, SessionOptions, ShapePolicy, Threads};
+use attnrt_runtime::{
+    KvStore, NamedTensor, PlanStats, Session, SessionOptions, ShapePolicy, Threads,
+};
 use serde::Serialize;
 
 use crate::harness::{OutputDiff, Tolerance};
@@ -49,6 +52,7 @@ use encoder::{CrossInputs, Encoder};
 pub use check::PinnedStep;
 pub use context::ContextLimit;
 pub use generation::Generation;
+pub use kv_cache::{KvCacheMode, KvCacheReport};
 use generation::{choose, Rows};
 pub use sampling::{Sampler, SamplingOptions};
 pub use signature::{CacheSlot, DecoderSignature};
@@ -75,6 +79,8 @@ pub struct GenerationOptions {
     /// prompt: the encoder runs once on them, before the first step. Empty for a decoder-only
     /// model.
     pub encoder_inputs: Vec<NamedTensor>,
+    /// How the key/value cache is kept (in place where that is exact, by default).
+    pub kv_cache: KvCacheMode,
 }
 
 /// Why a generation ended.
@@ -176,6 +182,8 @@ pub struct GenerationReport {
     pub context: Option<ContextLimit>,
     /// The error of the step that failed ([`StopReason::Error`]).
     pub error: Option<String>,
+    /// How the key/value cache was kept.
+    pub kv_cache: KvCacheReport,
 }
 
 /// A generation whose step failed, with what it made before (`report`, stopped by the error).
@@ -226,6 +234,9 @@ pub struct Generator {
     decode_policy: Option<ShapePolicy>,
     /// Whether the decoder's logits are computed at the last position only (`last_position.rs`).
     last_position: bool,
+    /// Why the in-place cache cannot serve this decoder (`kv_cache.rs`); `None`: its session's
+    /// graph has the cache's attention nodes in store mode.
+    in_place_fallback: Option<String>,
 }
 
 /// A session for `model` and one for `reference` (the graph to check against) when given.
@@ -279,8 +290,10 @@ impl Generator {
         };
         let sliced = last_position::logits_at_last_position(model, &signature.logits);
         let decoder_only = signature.encoder_states.is_none() && signature.cross_cache.is_empty();
+        let sliced = sliced.as_ref().unwrap_or(model);
+        let in_place = kv_cache::in_place_model(sliced, &signature);
         let (session, reference) = sessions(
-            sliced.as_ref().unwrap_or(model),
+            in_place.as_ref().unwrap_or(sliced),
             reference,
             threads,
             what,
@@ -296,7 +309,8 @@ impl Generator {
             encoder: None,
             first_step: None,
             what: what.to_string(),
-            last_position: sliced.is_some(),
+            last_position: !std::ptr::eq(sliced, model),
+            in_place_fallback: in_place.err(),
         };
         if decoder_only {
             (generator.prompt_policy, generator.decode_policy) = generator.prepare_first_steps();
@@ -313,7 +327,9 @@ impl Generator {
     /// as before, for its own shapes, when it comes). Not for encoder–decoders (their steps'
     /// shapes follow the encoder's).
     fn prepare_first_steps(&self) -> (Option<ShapePolicy>, Option<ShapePolicy>) {
-        let Ok(prompt) = StepInputs::prefill(&self.signature, &[vec![0]], None) else {
+        // shaped as the default cache's (`KvCacheMode::InPlace`) steps are
+        let store = self.in_place_fallback.is_none().then(|| Arc::new(KvStore::new(1)));
+        let Ok(prompt) = StepInputs::prefill(&self.signature, &[vec![0]], None, store) else {
             return (None, None);
         };
         let plannable = |shapes: &[NamedTensor], policies: Vec<ShapePolicy>| {
@@ -356,6 +372,9 @@ impl Generator {
         options: &SessionOptions,
     ) -> Result<Generator> {
         self.signature.adopt_first_step(model, what, &self.what)?;
+        self.in_place_fallback = Some(format!(
+            "the first step runs on another decoder ({what}), whose presents are tensors"
+        ));
         let sliced = last_position::logits_at_last_position(model, &self.signature.logits);
         let model = sliced.as_ref().unwrap_or(model);
         self.first_step = Some(sessions(model, reference, threads, what, options)?);
@@ -423,11 +442,12 @@ impl Generator {
             Some((ours, theirs, ms)) => (Some(ours), Some(theirs), Some(ms)),
             None => (None, None, None),
         };
-        let ours = StepInputs::prefill(&self.signature, &options.prompts, cross)?;
+        let (store, kv_cache) = self.kv_store_for(options, context.as_ref());
+        let ours = StepInputs::prefill(&self.signature, &options.prompts, cross, store)?;
         let theirs = self
             .reference
             .as_ref()
-            .map(|_| StepInputs::prefill(&self.signature, &options.prompts, reference_cross))
+            .map(|_| StepInputs::prefill(&self.signature, &options.prompts, reference_cross, None))
             .transpose()?;
         let stopped = (options.max_new_tokens == 0).then_some(StopReason::MaxNewTokens);
         Ok(Generation {
@@ -442,7 +462,39 @@ impl Generator {
             error: None,
             decode_plan: None,
             encoder_ms,
+            kv_cache,
         })
+    }
+
+    /// The in-place cache of a generation of `options` within `context`, when it asks for one
+    /// and the decoder can use it (room for the longest prompt and the tokens to make, within
+    /// the context), and how the cache is kept.
+    fn kv_store_for(
+        &self,
+        options: &GenerationOptions,
+        context: Option<&ContextLimit>,
+    ) -> (Option<Arc<KvStore>>, KvCacheReport) {
+        let copy = |fallback| KvCacheReport {
+            mode: KvCacheMode::Copy,
+            fallback,
+        };
+        if options.kv_cache == KvCacheMode::Copy {
+            return (None, copy(None));
+        }
+        if let Some(why) = &self.in_place_fallback {
+            return (None, copy(Some(why.clone())));
+        }
+        let longest = options.prompts.iter().map(Vec::len).max().unwrap_or(0);
+        // (a slot grows past it if need be: an open-ended generation starts with 4096 more)
+        let mut capacity = longest.saturating_add(options.max_new_tokens.min(4096));
+        if let Some(c) = context {
+            capacity = capacity.min(c.positions.max(longest));
+        }
+        let report = KvCacheReport {
+            mode: KvCacheMode::InPlace,
+            fallback: None,
+        };
+        (Some(Arc::new(KvStore::new(capacity))), report)
     }
 
     /// Runs the encoder of an encoder–decoder on `options.encoder_inputs`: the cross inputs of
@@ -558,7 +610,9 @@ impl Generator {
         };
         let planned_before = self.planning_ms();
         let started = Instant::now();
-        let outputs = self.run_on(session, g.ours.take_tensors()?, g.steps.is_empty())?;
+        let store = g.ours.store().cloned();
+        let inputs = g.ours.take_tensors()?;
+        let outputs = self.run_on(session, inputs, g.steps.is_empty(), store.as_ref())?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
         let planning_ms = self.planning_ms() - planned_before;
         let logits = g.ours.take_outputs(&self.signature, outputs)?;
@@ -594,19 +648,23 @@ impl Generator {
     /// Runs a step's `inputs` on `session`: the prefill (`prompt`) on the prompt's plan, its
     /// length symbolic, when the decoder makes its own first step and names that length; a
     /// decode step on the decode steps' plan (its batch symbolic where tract can plan that).
+    /// With `store`, the cache's attention nodes keep their keys and values there.
     fn run_on(
         &self,
         session: &Session,
         inputs: Vec<NamedTensor>,
         prompt: bool,
+        store: Option<&Arc<KvStore>>,
     ) -> Result<Vec<NamedTensor>> {
         let policy = match prompt {
             true => self.prompt_policy.as_ref(),
             false => self.decode_policy.as_ref(),
         };
-        match policy.filter(|_| self.first_step.is_none()) {
-            Some(policy) => session.run_owned_with(inputs, policy),
-            None => session.run_owned(inputs),
+        let policy = policy.filter(|_| self.first_step.is_none());
+        match (store, policy) {
+            (Some(store), policy) => session.run_owned_in(inputs, policy, store),
+            (None, Some(policy)) => session.run_owned_with(inputs, policy),
+            (None, None) => session.run_owned(inputs),
         }
     }
 
@@ -672,6 +730,7 @@ impl Generator {
             stopped,
             context: g.context.clone(),
             error: g.error.clone(),
+            kv_cache: g.kv_cache.clone(),
         }
     }
 }

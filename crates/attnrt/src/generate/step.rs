@@ -1,12 +1,15 @@
 //! The inputs of one generation step and how the outputs of a step become the next inputs.
-//! The cache tensors move from one step's outputs into the next step's inputs: no copy.
+//! The cache tensors move from one step's outputs into the next step's inputs: no copy (with
+//! the in-place cache, `kv_cache.rs`, they are zero-byte stand-ins carrying the length).
 
 use anyhow::{bail, Context, Result};
-use attnrt_runtime::{NamedTensor, Tensor};
+use std::sync::Arc;
+
+use attnrt_runtime::{KvStore, NamedTensor, Tensor};
 
 use super::encoder::CrossInputs;
 use super::signature::datum;
-use super::DecoderSignature;
+use super::{CacheSlot, DecoderSignature};
 
 /// The state of a generation between steps: the tokens to feed (one row per prompt, the same
 /// number in every row), the past length, each row's attention mask and positions, and the
@@ -29,6 +32,9 @@ pub struct StepInputs {
     cache_branch: Option<String>,
     /// An encoder–decoder's encoder states and cross-attention cache.
     cross: Option<CrossInputs>,
+    /// The in-place cache (`kv_cache.rs`): the cache tensors are then its zero-byte stand-ins
+    /// `[batch, heads, past, 0]`.
+    store: Option<Arc<KvStore>>,
 }
 
 /// The token a pad position holds (masked out, so any id in the vocabulary does).
@@ -49,6 +55,7 @@ impl StepInputs {
         sig: &DecoderSignature,
         prompts: &[Vec<i64>],
         cross: Option<CrossInputs>,
+        store: Option<Arc<KvStore>>,
     ) -> Result<StepInputs> {
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let ragged = prompts.iter().any(|p| p.len() != longest);
@@ -66,7 +73,7 @@ impl StepInputs {
                 let dt = datum(c.elem_type)?;
                 Ok(NamedTensor {
                     name: c.past.clone(),
-                    tensor: Tensor::zero_dt(dt, &[batch, c.heads, 0, c.head_size])?,
+                    tensor: Tensor::zero_dt(dt, &[batch, c.heads, 0, head_size(c, &store)])?,
                 })
             })
             .collect::<Result<_>>()?;
@@ -91,7 +98,13 @@ impl StepInputs {
             input_ids: sig.input_ids.clone(),
             cache_branch: sig.cache_branch.clone(),
             cross,
+            store,
         })
+    }
+
+    /// The in-place cache, when the generation keeps one.
+    pub fn store(&self) -> Option<&Arc<KvStore>> {
+        self.store.as_ref()
     }
 
     /// Rows in the batch.
@@ -167,8 +180,8 @@ impl StepInputs {
         let mut t = self.feeds(&ids, &ones, &ids, true)?;
         t.extend(self.cross.iter().flat_map(CrossInputs::feeds));
         for c in &sig.cache {
-            let tensor =
-                Tensor::zero_dt(datum(c.elem_type)?, &[batch, c.heads, past, c.head_size])?;
+            let shape = [batch, c.heads, past, head_size(c, &self.store)];
+            let tensor = Tensor::zero_dt(datum(c.elem_type)?, &shape)?;
             t.push(NamedTensor {
                 name: c.past.clone(),
                 tensor,
@@ -198,7 +211,7 @@ impl StepInputs {
         };
         for slot in &sig.cache {
             let present = take(&slot.present)?;
-            let want = [batch, slot.heads, total, slot.head_size];
+            let want = [batch, slot.heads, total, head_size(slot, &self.store)];
             if present.shape() != want {
                 bail!(
                     "output '{}' is {:?}, expected {want:?} (past {} + {fed} new)",
@@ -237,6 +250,15 @@ impl StepInputs {
             self.mask_rows[row].push(1);
             self.position_rows[row] = vec![next];
         }
+    }
+}
+
+/// The head size of `slot`'s tensors: 0 for the stand-ins of an in-place cache.
+fn head_size(slot: &CacheSlot, store: &Option<Arc<KvStore>>) -> usize {
+    if store.is_some() {
+        0
+    } else {
+        slot.head_size
     }
 }
 

@@ -1,0 +1,204 @@
+//! The in-place key/value cache of a generation (`attnrt_runtime::kv_store`): which decoders
+//! can use it, and the decoder graph that does.
+//!
+//! It is used only where it is exact: every self-attention cache slot is f32, each pair of
+//! past inputs is read by one fused `Attention` node as its `past_key`/`past_value` (besides
+//! `Shape` readers that take the batch, heads or length only: the stand-ins' last axis is 0)
+//! and each present output is that node's `present_key`/`present_value`, read by no node.
+//! Those nodes are put in store mode; the presents' declared shapes are cleared (the file's
+//! head size would contradict the stand-ins'). Anything else keeps today's tensors, with the
+//! reason in the generation's report.
+
+use std::collections::{HashMap, HashSet};
+
+use attnrt_onnx::{GraphProto, ModelProto, NodeProto};
+use attnrt_runtime::attention::semantics::KV_STORE_ATTRIBUTE;
+use serde::Serialize;
+
+use super::DecoderSignature;
+
+/// How a generation keeps its key/value cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KvCacheMode {
+    /// Held once, appended to in place by the fused attention, where that is exact (else as
+    /// [`KvCacheMode::Copy`], with the reason in [`KvCacheReport::fallback`]).
+    #[default]
+    InPlace,
+    /// Tensors: each step's presents (past ++ current, a fresh copy) are the next step's past.
+    Copy,
+}
+
+impl std::str::FromStr for KvCacheMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<KvCacheMode, String> {
+        match s {
+            "in-place" => Ok(KvCacheMode::InPlace),
+            "copy" => Ok(KvCacheMode::Copy),
+            _ => Err(format!("'{s}': the cache is 'in-place' or 'copy'")),
+        }
+    }
+}
+
+/// How a generation kept its cache.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KvCacheReport {
+    /// The mode it ran with.
+    pub mode: KvCacheMode,
+    /// Why the in-place cache asked for was not used.
+    pub fallback: Option<String>,
+}
+
+/// `model` with the `Attention` nodes that own the self-attention cache of `sig` in store mode,
+/// or why the in-place cache would not be exact.
+pub fn in_place_model(model: &ModelProto, sig: &DecoderSignature) -> Result<ModelProto, String> {
+    if sig.cache.is_empty() {
+        return Err("the decoder has no self-attention cache".into());
+    }
+    if sig.cache_branch.is_some() {
+        return Err(
+            "a merged decoder's first step takes its no-cache branch, whose presents no fused \
+             attention makes"
+                .into(),
+        );
+    }
+    if let Some(slot) = sig.cache.iter().find(|s| s.elem_type != 1) {
+        return Err(format!(
+            "cache '{}' is {}: the in-place cache holds float32 only",
+            slot.past,
+            attnrt_onnx::tensor::type_name(slot.elem_type)
+        ));
+    }
+    let graph = model.graph.as_ref().ok_or("the model has no graph")?;
+    let nodes = owners(graph, sig)?;
+    let mut model = model.clone();
+    let graph = model.graph.as_mut().ok_or("the model has no graph")?;
+    for n in graph.node.iter_mut().filter(|n| nodes.contains(&n.name)) {
+        n.attribute
+            .push(attnrt_onnx::attr::make_int(KV_STORE_ATTRIBUTE, 1));
+    }
+    let presents: HashSet<&str> = sig.cache.iter().map(|s| s.present.as_str()).collect();
+    for v in graph.output.iter_mut().chain(graph.value_info.iter_mut()) {
+        if presents.contains(v.name.as_str()) {
+            clear_shape(v);
+        }
+    }
+    Ok(model)
+}
+
+/// The names of the `Attention` nodes that own every cache slot (see the module docs).
+fn owners(graph: &GraphProto, sig: &DecoderSignature) -> Result<HashSet<String>, String> {
+    let mut readers: HashMap<&str, Vec<&NodeProto>> = HashMap::new();
+    let mut all = Vec::new();
+    collect(graph, &mut all);
+    for n in &all {
+        for i in &n.input {
+            readers.entry(i.as_str()).or_default().push(n);
+        }
+    }
+    let constants = constants(graph);
+    let present_of: HashMap<&str, &str> = sig
+        .cache
+        .iter()
+        .map(|s| (s.past.as_str(), s.present.as_str()))
+        .collect();
+    let mut owners = HashSet::new();
+    for slot in &sig.cache {
+        for n in readers.get(slot.past.as_str()).into_iter().flatten() {
+            if n.op_type == "Shape" && shape_without_head(n, &readers, &constants) {
+                continue;
+            }
+            owner(n, &slot.past, &present_of)?;
+            owners.insert(n.name.clone());
+        }
+        if let Some(n) = readers.get(slot.present.as_str()).and_then(|r| r.first()) {
+            return Err(format!(
+                "present '{}' is also read by node '{}' ({})",
+                slot.present, n.name, n.op_type
+            ));
+        }
+    }
+    Ok(owners)
+}
+
+/// Checks that `n` reads `past` as a fused `Attention`'s past and makes the matching presents.
+fn owner(n: &NodeProto, past: &str, present_of: &HashMap<&str, &str>) -> Result<(), String> {
+    let is_attention = n.op_type == "Attention" && !n.name.is_empty();
+    let pasts = [n.input.get(4), n.input.get(5)];
+    let wired = pasts.iter().zip([n.output.get(1), n.output.get(2)]).all(|(p, o)| {
+        let p = p.map(String::as_str);
+        p.and_then(|p| present_of.get(p)).copied() == o.map(String::as_str)
+    });
+    let slot_read = pasts.iter().filter(|p| p.map(String::as_str) == Some(past)).count() == 1
+        && n.input.iter().filter(|i| *i == past).count() == 1;
+    if is_attention && wired && slot_read {
+        return Ok(());
+    }
+    Err(format!(
+        "past '{past}' is read by node '{}' ({}) other than as a fused attention's cache",
+        n.name, n.op_type
+    ))
+}
+
+/// Whether a `Shape` of a past reads none of its head size: its `end` stops before the last
+/// axis, or every reader of the full shape gathers a constant axis other than the last.
+fn shape_without_head(
+    n: &NodeProto,
+    readers: &HashMap<&str, Vec<&NodeProto>>,
+    constants: &HashMap<&str, Vec<i64>>,
+) -> bool {
+    let end = attnrt_onnx::attr::int(n, "end").ok().flatten();
+    if matches!(end, Some(1..=3 | -3..=-1)) {
+        return true;
+    }
+    if end.is_some() || attnrt_onnx::attr::int(n, "start").ok().flatten().is_some() {
+        return false;
+    }
+    let Some(out) = n.output.first() else {
+        return true;
+    };
+    readers.get(out.as_str()).into_iter().flatten().all(|r| {
+        let index = r.input.get(1).and_then(|i| constants.get(i.as_str()));
+        r.op_type == "Gather"
+            && r.input.first() == Some(out)
+            && matches!(attnrt_onnx::attr::int(r, "axis"), Ok(None | Some(0)))
+            && index.is_some_and(|ix| ix.iter().all(|i| matches!(i, 0..=2 | -4..=-2)))
+    })
+}
+
+/// Every node of `graph` and of its subgraphs.
+fn collect<'g>(graph: &'g GraphProto, into: &mut Vec<&'g NodeProto>) {
+    for n in &graph.node {
+        into.push(n);
+        for a in &n.attribute {
+            a.g.iter().chain(&a.graphs).for_each(|g| collect(g, into));
+        }
+    }
+}
+
+/// The integer constants of `graph` (initializers and `Constant` nodes), by name.
+fn constants(graph: &GraphProto) -> HashMap<&str, Vec<i64>> {
+    let mut c: HashMap<&str, Vec<i64>> = HashMap::new();
+    for t in graph.initializer.iter().filter(|t| t.dims.iter().product::<i64>() <= 8) {
+        if let Ok(v) = attnrt_onnx::tensor::to_i64(t) {
+            c.insert(t.name.as_str(), v);
+        }
+    }
+    for n in graph.node.iter().filter(|n| n.op_type == "Constant") {
+        let value = attnrt_onnx::attr::tensor(n, "value").ok().flatten();
+        if let (Some(out), Some(Ok(v))) = (n.output.first(), value.map(attnrt_onnx::tensor::to_i64))
+        {
+            c.insert(out.as_str(), v);
+        }
+    }
+    c
+}
+
+/// Drops the declared shape of `v` (its element type stays).
+fn clear_shape(v: &mut attnrt_onnx::ValueInfoProto) {
+    use attnrt_onnx::proto::type_proto::Value;
+    if let Some(Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+        t.shape = None;
+    }
+}
