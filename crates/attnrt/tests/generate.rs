@@ -602,3 +602,88 @@ fn a_merged_decoder_takes_its_no_cache_branch_first_and_its_cache_branch_after()
         );
     }
 }
+
+/// Every step's last-position logits of `options` run with the cache kept as `mode`, and how
+/// the cache was kept.
+fn logits_with(
+    g: &Generator,
+    options: &GenerationOptions,
+    mode: KvCacheMode,
+) -> (Vec<Vec<Vec<f32>>>, attnrt::generate::KvCacheReport) {
+    let options = GenerationOptions {
+        kv_cache: mode,
+        ..options.clone()
+    };
+    let mut generation = g.start(&options).unwrap();
+    let mut logits = Vec::new();
+    while g.next_step(&mut generation).unwrap().is_some() {
+        logits.push(generation.last_logits().to_vec());
+    }
+    (logits, generation.kv_cache().clone())
+}
+
+/// Issue 26 (in-place cache): on every shipped decoder with a cache, a left-padded batch makes
+/// bit-identical logits at every step with the cache held in place and with the cache copied
+/// into fresh presents each step (the same kernels on the same rows; only where the rows live
+/// differs), so the same tokens; the exports whose caches only the fused attention reads run
+/// in place, the others fall back with the reason.
+#[test]
+fn the_in_place_cache_gives_the_copy_paths_logits_bit_for_bit() {
+    let threads = Threads::new(Some(2)).unwrap();
+    let prompts = vec![vec![3, 14, 15], vec![9, 2, 6, 5, 35, 89, 79]];
+    let mut in_place = Vec::new();
+    for file in decoders() {
+        let original = load(&file);
+        let fused = fuse(&original, &FusionOptions::default()).unwrap().model;
+        let g = Generator::new(&fused, None, &threads, &file).unwrap();
+        let options = greedy(prompts.clone(), 5);
+        let (copied, copy) = logits_with(&g, &options, KvCacheMode::Copy);
+        let (held, report) = logits_with(&g, &options, KvCacheMode::InPlace);
+        assert_eq!(copy.mode, KvCacheMode::Copy, "{file}");
+        assert_eq!(copied.len(), 5, "{file}");
+        assert!(held == copied, "{file}: the logits differ");
+        match report.mode {
+            KvCacheMode::InPlace => in_place.push(file),
+            KvCacheMode::Copy => {
+                let why = report.fallback.unwrap_or_default();
+                assert!(why.contains(" read by node "), "{file}: {why}");
+            }
+        }
+    }
+    // (the SDPA TorchScript exports read present's head size to merge the heads: copied)
+    for expected in [
+        "gpt2_cache_eager.dynamo.onnx",
+        "gpt2_cache_eager.ts.onnx",
+        "gpt2_cache_sdpa.dynamo.onnx",
+        "llama_cache_eager.dynamo.onnx",
+        "llama_cache_eager.ts.onnx",
+        "llama_cache_eager.ts.qint8.onnx",
+        "llama_cache_sdpa.dynamo.onnx",
+    ] {
+        assert!(in_place.iter().any(|f| f == expected), "{expected}: {in_place:?}");
+    }
+}
+
+/// Issue 26 (in-place cache): a decoder whose past is read by another node than the fused
+/// attention (optimum's export concatenates past and new keys itself: the fusion leaves that
+/// `Concat`) keeps the copy path, and the report names the reader.
+#[test]
+fn a_past_with_another_reader_keeps_the_copy_path_with_the_reason() {
+    let threads = Threads::new(Some(2)).unwrap();
+    let file = "llama_cache_optimum.onnx";
+    let original = load(file);
+    let fused = fuse(&original, &FusionOptions::default()).unwrap().model;
+    let g = Generator::new(&fused, None, &threads, file).unwrap();
+    let report = g.generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {}).unwrap();
+    assert_eq!(report.kv_cache.mode, KvCacheMode::Copy);
+    let why = report.kv_cache.fallback.unwrap_or_default();
+    assert!(
+        why.contains("past 'past_key_values.0.key' is read by node") && why.contains("(Concat)"),
+        "{why}"
+    );
+    // unfused, no fused attention reads the cache at all
+    let g = Generator::new(&load("llama_cache_eager.ts.onnx"), None, &threads, "unfused").unwrap();
+    let report = g.generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {}).unwrap();
+    assert_eq!(report.kv_cache.mode, KvCacheMode::Copy);
+    assert!(report.kv_cache.fallback.is_some());
+}

@@ -2,9 +2,9 @@
 //! can use it, and the decoder graph that does.
 //!
 //! It is used only where it is exact: every self-attention cache slot is f32, each pair of
-//! past inputs is read by one fused `Attention` node as its `past_key`/`past_value` (besides
-//! `Shape` readers that take the batch, heads or length only: the stand-ins' last axis is 0)
-//! and each present output is that node's `present_key`/`present_value`, read by no node.
+//! past inputs is read by one fused `Attention` node as its `past_key`/`past_value` and each
+//! present output is that node's `present_key`/`present_value`, read by no other node (but
+//! `Shape`s that take the batch, heads or length only: the stand-ins' last axis is 0).
 //! Those nodes are put in store mode; the presents' declared shapes are cleared (the file's
 //! head size would contradict the stand-ins'). Anything else keeps today's tensors, with the
 //! reason in the generation's report.
@@ -106,13 +106,15 @@ fn owners(graph: &GraphProto, sig: &DecoderSignature) -> Result<HashSet<String>,
     let mut owners = HashSet::new();
     for slot in &sig.cache {
         for n in readers.get(slot.past.as_str()).into_iter().flatten() {
-            if n.op_type == "Shape" && shape_without_head(n, &readers, &constants) {
+            if shape_without_head(n, &readers, &constants) {
                 continue;
             }
             owner(n, &slot.past, &present_of)?;
             owners.insert(n.name.clone());
         }
-        if let Some(n) = readers.get(slot.present.as_str()).and_then(|r| r.first()) {
+        let present_readers = readers.get(slot.present.as_str()).into_iter().flatten();
+        let mut others = present_readers.filter(|n| !shape_without_head(n, &readers, &constants));
+        if let Some(n) = others.next() {
             return Err(format!(
                 "present '{}' is also read by node '{}' ({})",
                 slot.present, n.name, n.op_type
@@ -141,13 +143,16 @@ fn owner(n: &NodeProto, past: &str, present_of: &HashMap<&str, &str>) -> Result<
     ))
 }
 
-/// Whether a `Shape` of a past reads none of its head size: its `end` stops before the last
+/// Whether `n` is a `Shape` of a past or present that reads none of its head size: its `end` stops before the last
 /// axis, or every reader of the full shape gathers a constant axis other than the last.
 fn shape_without_head(
     n: &NodeProto,
     readers: &HashMap<&str, Vec<&NodeProto>>,
     constants: &HashMap<&str, Vec<i64>>,
 ) -> bool {
+    if n.op_type != "Shape" {
+        return false;
+    }
     let end = attnrt_onnx::attr::int(n, "end").ok().flatten();
     if matches!(end, Some(1..=3 | -3..=-1)) {
         return true;

@@ -463,6 +463,7 @@ impl Generator {
             decode_plan: None,
             encoder_ms,
             kv_cache,
+            last_logits: Vec::new(),
         })
     }
 
@@ -619,7 +620,8 @@ impl Generator {
         let seen = g.rows.seen(&g.options.prompts);
         // The reference draws with the same state of the streams, so both see the same `u`.
         let twins = g.samplers.clone();
-        let tokens = choose(&mut g.samplers, &seen, &last_logits(&logits)?)?;
+        g.last_logits = last_logits(&logits)?;
+        let tokens = choose(&mut g.samplers, &seen, &g.last_logits)?;
         let check = match (g.theirs.as_mut(), reference) {
             (Some(t), Some(reference)) => {
                 let ours = check::Ours {
