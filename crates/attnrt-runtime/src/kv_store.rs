@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use attnrt_kernels::View4;
+use tract_onnx::prelude::Tensor;
 
 /// What a store refuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +101,17 @@ impl KvStore {
     pub fn slot(&self, node: &str) -> Arc<Mutex<KvSlot>> {
         let mut slots = lock(&self.slots);
         Arc::clone(slots.entry(node.to_string()).or_default())
+    }
+
+    /// Fills the empty slot of `node` with a first step's keys `[B, Hkv, L, D]` and values
+    /// `[B, Hkv, L, Dv]` made as tensors (a merged decoder's no-cache branch makes them without
+    /// the fused attention).
+    pub fn fill(&self, node: &str, key: &Tensor, value: &Tensor) -> anyhow::Result<()> {
+        let (k, v) = (key.cast_to::<f32>()?, value.cast_to::<f32>()?);
+        let slot = self.slot(node);
+        let mut slot = lock(&slot);
+        slot.append(node, 0, self.capacity, &tensor_view(&k)?, &tensor_view(&v)?)?;
+        Ok(())
     }
 
     /// Each slot's valid length, to [`KvStore::rewind`] to after a run that failed part way.
@@ -228,6 +240,15 @@ impl KvSlot {
         let (cap, d) = (self.capacity as isize, d as isize);
         View4::new(data, dims, [heads as isize * cap * d, cap * d, d, 1])
     }
+}
+
+/// A 4-D f32 tensor as a view.
+fn tensor_view(t: &Tensor) -> anyhow::Result<View4<'_, f32>> {
+    let shape = t.shape();
+    let dims = shape
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("a present {shape:?} is not 4-D"))?;
+    Ok(View4::contiguous(t.try_as_plain_ram()?.as_slice::<f32>()?, dims)?)
 }
 
 /// Writes `rows`' `[B, H, L, d]` elements at positions `at..at + L` of `buffer`, laid out

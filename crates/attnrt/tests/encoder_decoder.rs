@@ -165,6 +165,14 @@ fn whisper_generates_pytorchs_greedy_tokens_fused_and_unfused_alike() {
         .unwrap();
     assert_eq!(batch.check_ok, Some(true), "{:#?}", batch.steps);
     assert_eq!(rows(&batch), r.tokens, "batch of 2 vs PyTorch");
+    // the self-attention cache held in place (the first step's presents, made by the
+    // no-cache branch, moved in), the same tokens as with the cache copied
+    assert_eq!(batch.kv_cache.mode, KvCacheMode::InPlace, "{:?}", batch.kv_cache);
+    let mut copied = greedy(r.starts.clone(), n, features(&r, &[0, 1]));
+    copied.kv_cache = KvCacheMode::Copy;
+    let copied = g.generate(&copied, |_| {}).unwrap();
+    assert_eq!(copied.kv_cache.mode, KvCacheMode::Copy);
+    assert_eq!(rows(&copied), r.tokens, "batch of 2, cache copied");
     for row in 0..2 {
         let options = greedy(vec![r.starts[row].clone()], n, features(&r, &[row]));
         let alone = g.generate(&options, |_| {}).unwrap();
@@ -193,6 +201,9 @@ fn whisper_with_past_and_its_first_step_decoder_generate_pytorchs_tokens() {
     assert_eq!(rows(&report), r.tokens, "batch of 2 vs PyTorch");
     // a plan for the first step's decoder, one for every later step's
     assert_eq!(report.plans.built, 2, "{:?}", report.plans);
+    // the first step's presents are another decoder's tensors: the cache is copied
+    let why = report.kv_cache.fallback.unwrap_or_default();
+    assert!(why.contains("the first step runs on another decoder"), "{why}");
 }
 
 #[test]
@@ -262,6 +273,9 @@ fn bart_and_t5_generate_pytorchs_greedy_tokens_fused_and_unfused_alike() {
             .unwrap();
         assert_eq!(report.check_ok, Some(true), "{name}: {:#?}", report.steps);
         assert_eq!(rows(&report), want, "{name} vs PyTorch");
+        // (their fusion sizes present from the whole of past's shape, head size included)
+        let why = report.kv_cache.fallback.unwrap_or_default();
+        assert!(why.contains("read by node"), "{name}: {why}");
     }
 }
 

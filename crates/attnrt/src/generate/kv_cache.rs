@@ -10,9 +10,12 @@
 //! reason in the generation's report.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use attnrt_onnx::{GraphProto, ModelProto, NodeProto};
 use attnrt_runtime::attention::semantics::KV_STORE_ATTRIBUTE;
+use anyhow::Context;
+use attnrt_runtime::{KvStore, Tensor};
 use serde::Serialize;
 
 use super::DecoderSignature;
@@ -50,18 +53,62 @@ pub struct KvCacheReport {
     pub fallback: Option<String>,
 }
 
+/// The decoder graph that keeps its cache in place, and which node owns which slots.
+pub struct InPlaceModel {
+    /// The decoder with its cache's `Attention` nodes in store mode.
+    pub model: ModelProto,
+    /// The nodes of the decode steps' graph that own the cache slots.
+    pub owners: Vec<Owner>,
+}
+
+/// The store-mode `Attention` node (named as the session's graph names it) that reads the
+/// past key and past value inputs `key` and `value`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// The node.
+    pub node: String,
+    /// Its `past_key` input.
+    pub key: String,
+    /// Its `past_value` input.
+    pub value: String,
+}
+
+/// A generation's in-place cache: the store and the nodes that own its slots.
+#[derive(Clone, Debug)]
+pub struct HeldCache {
+    /// The store.
+    pub store: Arc<KvStore>,
+    /// The nodes that own its slots, for presents made as tensors (a merged decoder's first
+    /// step: its no-cache branch) to be moved in.
+    pub owners: Arc<[Owner]>,
+}
+
+impl HeldCache {
+    /// Moves presents made as tensors (`[B, Hkv, L, D]` each, named by the past they become)
+    /// into the empty slots of their owners.
+    pub fn move_in(&self, presents: Vec<(&str, Tensor)>) -> anyhow::Result<()> {
+        let find = |past: &str| -> anyhow::Result<&Tensor> {
+            presents
+                .iter()
+                .find(|(p, _)| *p == past)
+                .map(|(_, t)| t)
+                .with_context(|| format!("no present for '{past}' to move into the cache"))
+        };
+        for owner in self.owners.iter() {
+            let (k, v) = (find(&owner.key)?, find(&owner.value)?);
+            self.store.fill(&owner.node, k, v)?;
+        }
+        Ok(())
+    }
+}
+
 /// `model` with the `Attention` nodes that own the self-attention cache of `sig` in store mode,
-/// or why the in-place cache would not be exact.
-pub fn in_place_model(model: &ModelProto, sig: &DecoderSignature) -> Result<ModelProto, String> {
+/// or why the in-place cache would not be exact. A merged decoder's branches are checked each
+/// (the no-cache branch, which makes the first step's presents as tensors, must read no past
+/// but for its batch, heads or length).
+pub fn in_place_model(model: &ModelProto, sig: &DecoderSignature) -> Result<InPlaceModel, String> {
     if sig.cache.is_empty() {
         return Err("the decoder has no self-attention cache".into());
-    }
-    if sig.cache_branch.is_some() {
-        return Err(
-            "a merged decoder's first step takes its no-cache branch, whose presents no fused \
-             attention makes"
-                .into(),
-        );
     }
     if let Some(slot) = sig.cache.iter().find(|s| s.elem_type != 1) {
         return Err(format!(
@@ -70,25 +117,58 @@ pub fn in_place_model(model: &ModelProto, sig: &DecoderSignature) -> Result<Mode
             attnrt_onnx::tensor::type_name(slot.elem_type)
         ));
     }
-    let graph = model.graph.as_ref().ok_or("the model has no graph")?;
-    let nodes = owners(graph, sig)?;
-    let mut model = model.clone();
-    let graph = model.graph.as_mut().ok_or("the model has no graph")?;
-    for n in graph.node.iter_mut().filter(|n| nodes.contains(&n.name)) {
-        n.attribute
-            .push(attnrt_onnx::attr::make_int(KV_STORE_ATTRIBUTE, 1));
+    let branch = |m: &ModelProto, v: bool| -> Result<ModelProto, String> {
+        let input = sig.cache_branch.as_deref().unwrap_or_default();
+        attnrt_onnx::branch::choose_branch(m, input, v).map_err(|e| format!("{e:#}"))
+    };
+    if sig.cache_branch.is_some() {
+        owners(graph_of(&branch(model, false)?)?, sig)?;
+        owners(graph_of(&branch(model, true)?)?, sig)?;
+    } else {
+        owners(graph_of(model)?, sig)?;
     }
+    let mut model = model.clone();
+    let pasts: HashSet<&str> = sig.cache.iter().map(|s| s.past.as_str()).collect();
     let presents: HashSet<&str> = sig.cache.iter().map(|s| s.present.as_str()).collect();
+    let graph = model.graph.as_mut().ok_or("the model has no graph")?;
+    mark(graph, &pasts, &presents);
+    let decode = match sig.cache_branch {
+        Some(_) => branch(&model, true)?,
+        None => model.clone(),
+    };
+    let owners = owners(graph_of(&decode)?, sig)?;
+    Ok(InPlaceModel { model, owners })
+}
+
+fn graph_of(model: &ModelProto) -> Result<&GraphProto, String> {
+    model.graph.as_ref().ok_or_else(|| "the model has no graph".into())
+}
+
+/// Puts the `Attention` nodes of `graph` and its subgraphs that read a past of `pasts` in store
+/// mode, and clears the declared shapes of `presents` (the file's head size would contradict
+/// the stand-ins').
+fn mark(graph: &mut GraphProto, pasts: &HashSet<&str>, presents: &HashSet<&str>) {
     for v in graph.output.iter_mut().chain(graph.value_info.iter_mut()) {
         if presents.contains(v.name.as_str()) {
             clear_shape(v);
         }
     }
-    Ok(model)
+    for n in graph.node.iter_mut() {
+        let reads_past = n.input.get(4).is_some_and(|i| pasts.contains(i.as_str()));
+        if n.op_type == "Attention" && reads_past {
+            n.attribute
+                .push(attnrt_onnx::attr::make_int(KV_STORE_ATTRIBUTE, 1));
+        }
+        for a in n.attribute.iter_mut() {
+            a.g.iter_mut()
+                .chain(a.graphs.iter_mut())
+                .for_each(|g| mark(g, pasts, presents));
+        }
+    }
 }
 
-/// The names of the `Attention` nodes that own every cache slot (see the module docs).
-fn owners(graph: &GraphProto, sig: &DecoderSignature) -> Result<HashSet<String>, String> {
+/// The `Attention` nodes that own every cache slot read in `graph` (see the module docs).
+fn owners(graph: &GraphProto, sig: &DecoderSignature) -> Result<Vec<Owner>, String> {
     let mut readers: HashMap<&str, Vec<&NodeProto>> = HashMap::new();
     let mut all = Vec::new();
     collect(graph, &mut all);
@@ -103,14 +183,20 @@ fn owners(graph: &GraphProto, sig: &DecoderSignature) -> Result<HashSet<String>,
         .iter()
         .map(|s| (s.past.as_str(), s.present.as_str()))
         .collect();
-    let mut owners = HashSet::new();
+    let mut owners: Vec<Owner> = Vec::new();
     for slot in &sig.cache {
         for n in readers.get(slot.past.as_str()).into_iter().flatten() {
             if shape_without_head(n, &readers, &constants) {
                 continue;
             }
             owner(n, &slot.past, &present_of)?;
-            owners.insert(n.name.clone());
+            if !owners.iter().any(|o| o.node == n.name) {
+                owners.push(Owner {
+                    node: n.name.clone(),
+                    key: n.input[4].clone(),
+                    value: n.input[5].clone(),
+                });
+            }
         }
         let present_readers = readers.get(slot.present.as_str()).into_iter().flatten();
         let mut others = present_readers.filter(|n| !shape_without_head(n, &readers, &constants));

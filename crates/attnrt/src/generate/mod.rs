@@ -52,6 +52,7 @@ use encoder::{CrossInputs, Encoder};
 pub use check::PinnedStep;
 pub use context::ContextLimit;
 pub use generation::Generation;
+use kv_cache::HeldCache;
 pub use kv_cache::{KvCacheMode, KvCacheReport};
 use generation::{choose, Rows};
 pub use sampling::{Sampler, SamplingOptions};
@@ -234,9 +235,9 @@ pub struct Generator {
     decode_policy: Option<ShapePolicy>,
     /// Whether the decoder's logits are computed at the last position only (`last_position.rs`).
     last_position: bool,
-    /// Why the in-place cache cannot serve this decoder (`kv_cache.rs`); `None`: its session's
-    /// graph has the cache's attention nodes in store mode.
-    in_place_fallback: Option<String>,
+    /// The nodes that own the in-place cache's slots (its session's graph has them in store
+    /// mode), or why it cannot serve this decoder (`kv_cache.rs`).
+    in_place: Result<Arc<[kv_cache::Owner]>, String>,
 }
 
 /// A session for `model` and one for `reference` (the graph to check against) when given.
@@ -293,7 +294,7 @@ impl Generator {
         let sliced = sliced.as_ref().unwrap_or(model);
         let in_place = kv_cache::in_place_model(sliced, &signature);
         let (session, reference) = sessions(
-            in_place.as_ref().unwrap_or(sliced),
+            in_place.as_ref().map_or(sliced, |p| &p.model),
             reference,
             threads,
             what,
@@ -310,7 +311,7 @@ impl Generator {
             first_step: None,
             what: what.to_string(),
             last_position: !std::ptr::eq(sliced, model),
-            in_place_fallback: in_place.err(),
+            in_place: in_place.map(|p| p.owners.into()),
         };
         if decoder_only {
             (generator.prompt_policy, generator.decode_policy) = generator.prepare_first_steps();
@@ -328,8 +329,11 @@ impl Generator {
     /// shapes follow the encoder's).
     fn prepare_first_steps(&self) -> (Option<ShapePolicy>, Option<ShapePolicy>) {
         // shaped as the default cache's (`KvCacheMode::InPlace`) steps are
-        let store = self.in_place_fallback.is_none().then(|| Arc::new(KvStore::new(1)));
-        let Ok(prompt) = StepInputs::prefill(&self.signature, &[vec![0]], None, store) else {
+        let held = self.in_place.as_ref().ok().map(|owners| HeldCache {
+            store: Arc::new(KvStore::new(1)),
+            owners: Arc::clone(owners),
+        });
+        let Ok(prompt) = StepInputs::prefill(&self.signature, &[vec![0]], None, held) else {
             return (None, None);
         };
         let plannable = |shapes: &[NamedTensor], policies: Vec<ShapePolicy>| {
@@ -372,7 +376,7 @@ impl Generator {
         options: &SessionOptions,
     ) -> Result<Generator> {
         self.signature.adopt_first_step(model, what, &self.what)?;
-        self.in_place_fallback = Some(format!(
+        self.in_place = Err(format!(
             "the first step runs on another decoder ({what}), whose presents are tensors"
         ));
         let sliced = last_position::logits_at_last_position(model, &self.signature.logits);
@@ -474,7 +478,7 @@ impl Generator {
         &self,
         options: &GenerationOptions,
         context: Option<&ContextLimit>,
-    ) -> (Option<Arc<KvStore>>, KvCacheReport) {
+    ) -> (Option<HeldCache>, KvCacheReport) {
         let copy = |fallback| KvCacheReport {
             mode: KvCacheMode::Copy,
             fallback,
@@ -482,9 +486,10 @@ impl Generator {
         if options.kv_cache == KvCacheMode::Copy {
             return (None, copy(None));
         }
-        if let Some(why) = &self.in_place_fallback {
-            return (None, copy(Some(why.clone())));
-        }
+        let owners = match &self.in_place {
+            Ok(owners) => Arc::clone(owners),
+            Err(why) => return (None, copy(Some(why.clone()))),
+        };
         let longest = options.prompts.iter().map(Vec::len).max().unwrap_or(0);
         // (a slot grows past it if need be: an open-ended generation starts with 4096 more)
         let mut capacity = longest.saturating_add(options.max_new_tokens.min(4096));
@@ -495,7 +500,11 @@ impl Generator {
             mode: KvCacheMode::InPlace,
             fallback: None,
         };
-        (Some(Arc::new(KvStore::new(capacity))), report)
+        let held = HeldCache {
+            store: Arc::new(KvStore::new(capacity)),
+            owners,
+        };
+        (Some(held), report)
     }
 
     /// Runs the encoder of an encoder–decoder on `options.encoder_inputs`: the cross inputs of
@@ -629,6 +638,7 @@ impl Generator {
                     tokens: &tokens,
                     seen: &seen,
                     samplers: twins,
+                    in_place: store.is_some(),
                 };
                 let tol = g.options.check.unwrap_or_default();
                 Some(self.check_step(t, reference, ours, tol)?)

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use attnrt_runtime::{KvStore, NamedTensor, Tensor};
 
+use super::kv_cache::HeldCache;
+
 use super::encoder::CrossInputs;
 use super::signature::datum;
 use super::{CacheSlot, DecoderSignature};
@@ -34,7 +36,7 @@ pub struct StepInputs {
     cross: Option<CrossInputs>,
     /// The in-place cache (`kv_cache.rs`): the cache tensors are then its zero-byte stand-ins
     /// `[batch, heads, past, 0]`.
-    store: Option<Arc<KvStore>>,
+    held: Option<HeldCache>,
 }
 
 /// The token a pad position holds (masked out, so any id in the vocabulary does).
@@ -55,7 +57,7 @@ impl StepInputs {
         sig: &DecoderSignature,
         prompts: &[Vec<i64>],
         cross: Option<CrossInputs>,
-        store: Option<Arc<KvStore>>,
+        held: Option<HeldCache>,
     ) -> Result<StepInputs> {
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let ragged = prompts.iter().any(|p| p.len() != longest);
@@ -73,7 +75,7 @@ impl StepInputs {
                 let dt = datum(c.elem_type)?;
                 Ok(NamedTensor {
                     name: c.past.clone(),
-                    tensor: Tensor::zero_dt(dt, &[batch, c.heads, 0, head_size(c, &store)])?,
+                    tensor: Tensor::zero_dt(dt, &[batch, c.heads, 0, head_size(c, held.is_some())])?,
                 })
             })
             .collect::<Result<_>>()?;
@@ -98,13 +100,13 @@ impl StepInputs {
             input_ids: sig.input_ids.clone(),
             cache_branch: sig.cache_branch.clone(),
             cross,
-            store,
+            held,
         })
     }
 
     /// The in-place cache, when the generation keeps one.
     pub fn store(&self) -> Option<&Arc<KvStore>> {
-        self.store.as_ref()
+        self.held.as_ref().map(|h| &h.store)
     }
 
     /// Rows in the batch.
@@ -180,7 +182,7 @@ impl StepInputs {
         let mut t = self.feeds(&ids, &ones, &ids, true)?;
         t.extend(self.cross.iter().flat_map(CrossInputs::feeds));
         for c in &sig.cache {
-            let shape = [batch, c.heads, past, head_size(c, &self.store)];
+            let shape = [batch, c.heads, past, head_size(c, self.held.is_some())];
             let tensor = Tensor::zero_dt(datum(c.elem_type)?, &shape)?;
             t.push(NamedTensor {
                 name: c.past.clone(),
@@ -198,7 +200,6 @@ impl StepInputs {
         mut outputs: Vec<NamedTensor>,
     ) -> Result<Tensor> {
         let (batch, fed) = (self.batch(), self.fed());
-        let total = self.past + fed;
         if let Some(cross) = self.cross.as_mut() {
             cross.take_presents(&sig.cross_cache, &mut outputs)?;
         }
@@ -209,22 +210,12 @@ impl StepInputs {
                 .with_context(|| format!("the model gave no output '{name}'"))?;
             Ok(outputs.swap_remove(at).tensor)
         };
-        for slot in &sig.cache {
-            let present = take(&slot.present)?;
-            let want = [batch, slot.heads, total, head_size(slot, &self.store)];
-            if present.shape() != want {
-                bail!(
-                    "output '{}' is {:?}, expected {want:?} (past {} + {fed} new)",
-                    slot.present,
-                    present.shape(),
-                    self.past,
-                );
-            }
-            self.cache.push(NamedTensor {
-                name: slot.past.clone(),
-                tensor: present,
-            });
-        }
+        let presents = sig
+            .cache
+            .iter()
+            .map(|slot| take(&slot.present))
+            .collect::<Result<Vec<_>>>()?;
+        self.take_cache(sig, presents)?;
         let logits = take(&sig.logits)?;
         // every position fed, or the last one only (`last_position.rs`)
         if logits.rank() != 3
@@ -241,6 +232,44 @@ impl StepInputs {
         Ok(logits)
     }
 
+    /// The presents of a step (one per cache slot) become the cache: as they are, or with the
+    /// in-place cache as its stand-ins, those made as tensors (a merged decoder's first step)
+    /// moved into the store first.
+    fn take_cache(&mut self, sig: &DecoderSignature, presents: Vec<Tensor>) -> Result<()> {
+        let (batch, fed) = (self.batch(), self.fed());
+        let total = self.past + fed;
+        let mut tensors = Vec::new();
+        let in_place = self.held.is_some();
+        for (slot, present) in sig.cache.iter().zip(presents) {
+            let want = [batch, slot.heads, total, head_size(slot, in_place)];
+            let full = [batch, slot.heads, total, slot.head_size];
+            if in_place && self.past == 0 && present.shape() == full {
+                self.cache.push(NamedTensor {
+                    name: slot.past.clone(),
+                    tensor: Tensor::zero_dt(present.datum_type(), &want)?,
+                });
+                tensors.push((slot.past.as_str(), present));
+                continue;
+            }
+            if present.shape() != want {
+                bail!(
+                    "output '{}' is {:?}, expected {want:?} (past {} + {fed} new)",
+                    slot.present,
+                    present.shape(),
+                    self.past,
+                );
+            }
+            self.cache.push(NamedTensor {
+                name: slot.past.clone(),
+                tensor: present,
+            });
+        }
+        match &self.held {
+            Some(held) if !tensors.is_empty() => held.move_in(tensors),
+            _ => Ok(()),
+        }
+    }
+
     /// Moves to the next step, which feeds one token per row (`tokens[row]`).
     pub fn advance(&mut self, tokens: &[i64]) {
         self.past += self.fed();
@@ -254,8 +283,8 @@ impl StepInputs {
 }
 
 /// The head size of `slot`'s tensors: 0 for the stand-ins of an in-place cache.
-fn head_size(slot: &CacheSlot, store: &Option<Arc<KvStore>>) -> usize {
-    if store.is_some() {
+fn head_size(slot: &CacheSlot, in_place: bool) -> usize {
+    if in_place {
         0
     } else {
         slot.head_size
