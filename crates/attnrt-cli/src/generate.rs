@@ -13,8 +13,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use attnrt::generate::{
     Generation, GenerationFailed, GenerationOptions, GenerationReport, Generator, KvCacheMode,
-    SamplingOptions,
-    StepReport, StopReason,
+    SamplingOptions, StepReport, StopReason,
 };
 use attnrt::harness::{InputOptions, Tolerance};
 use attnrt::{Fused, FusionReport, LoadedModel, NamedTensor, SessionOptions, Threads};

@@ -68,7 +68,9 @@ fn kv_cache_copy_gives_the_in_place_tokens() {
     let m = model("llama_cache_eager.ts.onnx");
     let run = |mode: &str| {
         let args = ["generate", &m, "--prompt-len", "6", "--max-new-tokens", "6"];
-        json(&attnrt(&[&args[..], &["--json", "--kv-cache", mode]].concat()))
+        json(&attnrt(
+            &[&args[..], &["--json", "--kv-cache", mode]].concat(),
+        ))
     };
     let (copied, held) = (run("copy"), run("in-place"));
     assert_eq!(copied["report"]["kv_cache"]["mode"], "copy");

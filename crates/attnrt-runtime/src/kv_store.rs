@@ -248,7 +248,10 @@ fn tensor_view(t: &Tensor) -> anyhow::Result<View4<'_, f32>> {
     let dims = shape
         .try_into()
         .map_err(|_| anyhow::anyhow!("a present {shape:?} is not 4-D"))?;
-    Ok(View4::contiguous(t.try_as_plain_ram()?.as_slice::<f32>()?, dims)?)
+    Ok(View4::contiguous(
+        t.try_as_plain_ram()?.as_slice::<f32>()?,
+        dims,
+    )?)
 }
 
 /// Writes `rows`' `[B, H, L, d]` elements at positions `at..at + L` of `buffer`, laid out

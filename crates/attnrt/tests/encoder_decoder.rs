@@ -167,7 +167,12 @@ fn whisper_generates_pytorchs_greedy_tokens_fused_and_unfused_alike() {
     assert_eq!(rows(&batch), r.tokens, "batch of 2 vs PyTorch");
     // the self-attention cache held in place (the first step's presents, made by the
     // no-cache branch, moved in), the same tokens as with the cache copied
-    assert_eq!(batch.kv_cache.mode, KvCacheMode::InPlace, "{:?}", batch.kv_cache);
+    assert_eq!(
+        batch.kv_cache.mode,
+        KvCacheMode::InPlace,
+        "{:?}",
+        batch.kv_cache
+    );
     let mut copied = greedy(r.starts.clone(), n, features(&r, &[0, 1]));
     copied.kv_cache = KvCacheMode::Copy;
     let copied = g.generate(&copied, |_| {}).unwrap();
@@ -203,7 +208,10 @@ fn whisper_with_past_and_its_first_step_decoder_generate_pytorchs_tokens() {
     assert_eq!(report.plans.built, 2, "{:?}", report.plans);
     // the first step's presents are another decoder's tensors: the cache is copied
     let why = report.kv_cache.fallback.unwrap_or_default();
-    assert!(why.contains("the first step runs on another decoder"), "{why}");
+    assert!(
+        why.contains("the first step runs on another decoder"),
+        "{why}"
+    );
 }
 
 #[test]

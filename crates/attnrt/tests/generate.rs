@@ -660,7 +660,10 @@ fn the_in_place_cache_gives_the_copy_paths_logits_bit_for_bit() {
         "llama_cache_eager.ts.qint8.onnx",
         "llama_cache_sdpa.dynamo.onnx",
     ] {
-        assert!(in_place.iter().any(|f| f == expected), "{expected}: {in_place:?}");
+        assert!(
+            in_place.iter().any(|f| f == expected),
+            "{expected}: {in_place:?}"
+        );
     }
 }
 
@@ -674,7 +677,9 @@ fn a_past_with_another_reader_keeps_the_copy_path_with_the_reason() {
     let original = load(file);
     let fused = fuse(&original, &FusionOptions::default()).unwrap().model;
     let g = Generator::new(&fused, None, &threads, file).unwrap();
-    let report = g.generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {}).unwrap();
+    let report = g
+        .generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {})
+        .unwrap();
     assert_eq!(report.kv_cache.mode, KvCacheMode::Copy);
     let why = report.kv_cache.fallback.unwrap_or_default();
     assert!(
@@ -682,8 +687,16 @@ fn a_past_with_another_reader_keeps_the_copy_path_with_the_reason() {
         "{why}"
     );
     // unfused, no fused attention reads the cache at all
-    let g = Generator::new(&load("llama_cache_eager.ts.onnx"), None, &threads, "unfused").unwrap();
-    let report = g.generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {}).unwrap();
+    let g = Generator::new(
+        &load("llama_cache_eager.ts.onnx"),
+        None,
+        &threads,
+        "unfused",
+    )
+    .unwrap();
+    let report = g
+        .generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {})
+        .unwrap();
     assert_eq!(report.kv_cache.mode, KvCacheMode::Copy);
     assert!(report.kv_cache.fallback.is_some());
 }

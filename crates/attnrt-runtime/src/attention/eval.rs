@@ -29,9 +29,7 @@ pub(super) fn eval_attention(
     if let Some(store) = store.filter(|_| op.kv_store) {
         return eval_in_store(op, kernels, inputs, store);
     }
-    let q = to_f32(&inputs[0], "Q")?;
-    let k = to_f32(&inputs[1], "K")?;
-    let v = to_f32(&inputs[2], "V")?;
+    let [q, k, v] = qkv_f32(inputs)?;
     let rank = q.shape().len();
     let (qv, kv, vv) = head_views(op, &q, &k, &v)?;
     let [batch, q_heads, q_len, head] = qv.dims;
@@ -41,7 +39,8 @@ pub(super) fn eval_attention(
     let total = cache.past_len + kv.dims[2];
 
     let additive = additive_mask(op, inputs)?;
-    let mask = mask_of(op, inputs, additive.as_ref(), [batch, q_heads, q_len, total])?;
+    let target = [batch, q_heads, q_len, total];
+    let mask = mask_of(op, inputs, additive.as_ref(), target)?;
     let nonpad = op
         .nonpad_index()
         .map(|i| nonpad_lengths(&inputs[i], batch, total))
@@ -88,11 +87,11 @@ fn eval_in_store(
     let p = op.past_index().context("store mode without a past")?;
     let past_len = match inputs[p].shape() {
         [_, _, len, 0] => *len,
-        s => bail!("store mode: past_key is {s:?}, expected the stand-in [batch, kv_heads, past, 0]"),
+        s => {
+            bail!("store mode: past_key is {s:?}, expected the stand-in [batch, kv_heads, past, 0]")
+        }
     };
-    let q = to_f32(&inputs[0], "Q")?;
-    let k = to_f32(&inputs[1], "K")?;
-    let v = to_f32(&inputs[2], "V")?;
+    let [q, k, v] = qkv_f32(inputs)?;
     let rank = q.shape().len();
     let (qv, kv, vv) = head_views(op, &q, &k, &v)?;
     let [batch, q_heads, q_len, head] = qv.dims;
@@ -102,7 +101,8 @@ fn eval_in_store(
     let (k_view, v_view) = slot.views()?;
     let total = k_view.dims[2];
     let additive = additive_mask(op, inputs)?;
-    let mask = mask_of(op, inputs, additive.as_ref(), [batch, q_heads, q_len, total])?;
+    let target = [batch, q_heads, q_len, total];
+    let mask = mask_of(op, inputs, additive.as_ref(), target)?;
     let problem = Problem {
         q: qv,
         k: k_view,
@@ -123,6 +123,15 @@ fn eval_in_store(
         v: Some(stand_in()?),
     };
     collect_outputs(op, dt, y, present, scores)
+}
+
+/// Q, K and V as f32 (borrowed from tract's tensors when they are f32 already).
+fn qkv_f32(inputs: &[TValue]) -> TractResult<[F32Input<'_>; 3]> {
+    Ok([
+        to_f32(&inputs[0], "Q")?,
+        to_f32(&inputs[1], "K")?,
+        to_f32(&inputs[2], "V")?,
+    ])
 }
 
 /// The kernel's parameters from the node's attributes (no causal offset yet).

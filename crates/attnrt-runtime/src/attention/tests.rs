@@ -403,7 +403,10 @@ fn store_mode_gives_the_copy_paths_y_and_refuses_a_stale_store() {
             let inputs = [qkv, stale].concat();
             let err = eval_attention(&in_store, &kernels, &inputs, Some(&store)).unwrap_err();
             let msg = format!("{err:#}");
-            assert!(msg.contains("node 'attn' holds 7 position(s) but the step's past has 6"), "{msg}");
+            assert!(
+                msg.contains("node 'attn' holds 7 position(s) but the step's past has 6"),
+                "{msg}"
+            );
         }
     }
 }

@@ -12,9 +12,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use anyhow::Context;
 use attnrt_onnx::{GraphProto, ModelProto, NodeProto};
 use attnrt_runtime::attention::semantics::KV_STORE_ATTRIBUTE;
-use anyhow::Context;
 use attnrt_runtime::{KvStore, Tensor};
 use serde::Serialize;
 
@@ -141,7 +141,10 @@ pub fn in_place_model(model: &ModelProto, sig: &DecoderSignature) -> Result<InPl
 }
 
 fn graph_of(model: &ModelProto) -> Result<&GraphProto, String> {
-    model.graph.as_ref().ok_or_else(|| "the model has no graph".into())
+    model
+        .graph
+        .as_ref()
+        .ok_or_else(|| "the model has no graph".into())
 }
 
 /// Puts the `Attention` nodes of `graph` and its subgraphs that read a past of `pasts` in store
@@ -214,11 +217,18 @@ fn owners(graph: &GraphProto, sig: &DecoderSignature) -> Result<Vec<Owner>, Stri
 fn owner(n: &NodeProto, past: &str, present_of: &HashMap<&str, &str>) -> Result<(), String> {
     let is_attention = n.op_type == "Attention" && !n.name.is_empty();
     let pasts = [n.input.get(4), n.input.get(5)];
-    let wired = pasts.iter().zip([n.output.get(1), n.output.get(2)]).all(|(p, o)| {
-        let p = p.map(String::as_str);
-        p.and_then(|p| present_of.get(p)).copied() == o.map(String::as_str)
-    });
-    let slot_read = pasts.iter().filter(|p| p.map(String::as_str) == Some(past)).count() == 1
+    let wired = pasts
+        .iter()
+        .zip([n.output.get(1), n.output.get(2)])
+        .all(|(p, o)| {
+            let p = p.map(String::as_str);
+            p.and_then(|p| present_of.get(p)).copied() == o.map(String::as_str)
+        });
+    let slot_read = pasts
+        .iter()
+        .filter(|p| p.map(String::as_str) == Some(past))
+        .count()
+        == 1
         && n.input.iter().filter(|i| *i == past).count() == 1;
     if is_attention && wired && slot_read {
         return Ok(());
@@ -271,7 +281,11 @@ fn collect<'g>(graph: &'g GraphProto, into: &mut Vec<&'g NodeProto>) {
 /// The integer constants of `graph` (initializers and `Constant` nodes), by name.
 fn constants(graph: &GraphProto) -> HashMap<&str, Vec<i64>> {
     let mut c: HashMap<&str, Vec<i64>> = HashMap::new();
-    for t in graph.initializer.iter().filter(|t| t.dims.iter().product::<i64>() <= 8) {
+    for t in graph
+        .initializer
+        .iter()
+        .filter(|t| t.dims.iter().product::<i64>() <= 8)
+    {
         if let Ok(v) = attnrt_onnx::tensor::to_i64(t) {
             c.insert(t.name.as_str(), v);
         }

@@ -75,7 +75,10 @@ impl StepInputs {
                 let dt = datum(c.elem_type)?;
                 Ok(NamedTensor {
                     name: c.past.clone(),
-                    tensor: Tensor::zero_dt(dt, &[batch, c.heads, 0, head_size(c, held.is_some())])?,
+                    tensor: Tensor::zero_dt(
+                        dt,
+                        &[batch, c.heads, 0, head_size(c, held.is_some())],
+                    )?,
                 })
             })
             .collect::<Result<_>>()?;
