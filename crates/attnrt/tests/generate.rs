@@ -686,6 +686,28 @@ fn a_past_with_another_reader_keeps_the_copy_path_with_the_reason() {
         why.contains("past 'past_key_values.0.key' is read by node") && why.contains("(Concat)"),
         "{why}"
     );
+    // a Shape that reads past's head size (the stand-ins' is 0): copied
+    let mut fused = fuse(
+        &load("llama_cache_eager.ts.onnx"),
+        &FusionOptions::default(),
+    )
+    .unwrap()
+    .model;
+    let graph = fused.graph.as_mut().unwrap();
+    graph.node.push(attnrt_onnx::NodeProto {
+        name: "head_size".into(),
+        op_type: "Shape".into(),
+        input: vec!["past_key_values.1.value".into()],
+        output: vec!["head_size_out".into()],
+        attribute: vec![attnrt_onnx::attr::make_int("start", 3)],
+        ..Default::default()
+    });
+    let g = Generator::new(&fused, None, &threads, "with a head reader").unwrap();
+    let report = g
+        .generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {})
+        .unwrap();
+    let why = report.kv_cache.fallback.unwrap_or_default();
+    assert!(why.contains("read by node 'head_size' (Shape)"), "{why}");
     // unfused, no fused attention reads the cache at all
     let g = Generator::new(
         &load("llama_cache_eager.ts.onnx"),
