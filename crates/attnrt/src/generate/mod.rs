@@ -12,6 +12,11 @@
 //! where the graph allows it exactly (`last_position.rs`): the prompt's other positions never
 //! choose a token.
 //!
+//! The cache is held in place where that is exact (`kv_cache.rs`,
+//! [`GenerationOptions::kv_cache`]): the fused attention appends each step's keys and values to
+//! a store the generation owns (`attnrt_runtime::kv_store`) and the cache tensors fed back are
+//! zero-byte stand-ins carrying the length; elsewhere the presents are fed back as tensors.
+//!
 //! With a check, the original (unfused) graph runs in lockstep on its own session and its own
 //! cache; a step whose token differs, or whose logits differ beyond the tolerance, fails the
 //! check.
