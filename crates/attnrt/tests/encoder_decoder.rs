@@ -277,13 +277,25 @@ fn bart_and_t5_generate_pytorchs_greedy_tokens_fused_and_unfused_alike() {
         let want = rows_of(entry(&saved, "tokens"));
         let starts = rows_of(entry(&saved, "decoder_start_ids"));
         let report = g
-            .generate(&greedy(starts, want[0].len(), encoder_inputs), |_| {})
+            .generate(
+                &greedy(starts.clone(), want[0].len(), encoder_inputs.clone()),
+                |_| {},
+            )
             .unwrap();
         assert_eq!(report.check_ok, Some(true), "{name}: {:#?}", report.steps);
         assert_eq!(rows(&report), want, "{name} vs PyTorch");
-        // (their fusion sizes present from the whole of past's shape, head size included)
-        let why = report.kv_cache.fallback.unwrap_or_default();
-        assert!(why.contains("read by node"), "{name}: {why}");
+        // the self-attention cache in place (the fusion sizes present from past's shape plus
+        // the new rows, whose head size nothing reads), as with the cache copied
+        assert_eq!(
+            report.kv_cache.mode,
+            KvCacheMode::InPlace,
+            "{name}: {:?}",
+            report.kv_cache
+        );
+        let mut copied = greedy(starts.clone(), want[0].len(), encoder_inputs.clone());
+        copied.kv_cache = KvCacheMode::Copy;
+        let copied = g.generate(&copied, |_| {}).unwrap();
+        assert_eq!(rows(&copied), want, "{name}, cache copied");
     }
 }
 

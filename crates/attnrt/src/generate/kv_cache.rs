@@ -201,6 +201,13 @@ fn owners(graph: &GraphProto, sig: &DecoderSignature) -> Result<Vec<Owner>, Stri
                 });
             }
         }
+        // (a present made as a tensor, by a merged decoder's no-cache branch, is read as one)
+        if !owners
+            .iter()
+            .any(|o| o.key == slot.past || o.value == slot.past)
+        {
+            continue;
+        }
         let present_readers = readers.get(slot.present.as_str()).into_iter().flatten();
         let mut others = present_readers.filter(|n| !shape_without_head(n, &readers, &constants));
         if let Some(n) = others.next() {
@@ -249,22 +256,41 @@ fn shape_without_head(
     if n.op_type != "Shape" {
         return false;
     }
-    let end = attnrt_onnx::attr::int(n, "end").ok().flatten();
+    let int = |name| attnrt_onnx::attr::int(n, name).ok().flatten();
+    let (start, end) = (int("start"), int("end"));
     if matches!(end, Some(1..=3 | -3..=-1)) {
         return true;
     }
-    if end.is_some() || attnrt_onnx::attr::int(n, "start").ok().flatten().is_some() {
+    // else the whole shape: its readers must not take the head size
+    if !matches!(start, None | Some(0 | -4)) || !matches!(end, None | Some(4..)) {
         return false;
     }
-    let Some(out) = n.output.first() else {
-        return true;
-    };
-    readers.get(out.as_str()).into_iter().flatten().all(|r| {
+    n.output
+        .first()
+        .is_none_or(|out| head_unread(out, readers, constants, 0))
+}
+
+/// Whether no reader of `shape` (a past's or present's shape, or a sum of it) takes its head
+/// size: each gathers a constant axis other than the last, or adds to it element by element
+/// (optimum's fusion sizes present so) with the sum's readers so.
+fn head_unread(
+    shape: &str,
+    readers: &HashMap<&str, Vec<&NodeProto>>,
+    constants: &HashMap<&str, Vec<i64>>,
+    depth: usize,
+) -> bool {
+    readers.get(shape).into_iter().flatten().all(|r| {
         let index = r.input.get(1).and_then(|i| constants.get(i.as_str()));
-        r.op_type == "Gather"
-            && r.input.first() == Some(out)
+        let gathers = r.op_type == "Gather"
+            && r.input.first().map(String::as_str) == Some(shape)
             && matches!(attnrt_onnx::attr::int(r, "axis"), Ok(None | Some(0)))
-            && index.is_some_and(|ix| ix.iter().all(|i| matches!(i, 0..=2 | -4..=-2)))
+            && index.is_some_and(|ix| ix.iter().all(|i| matches!(i, 0..=2 | -4..=-2)));
+        let adds = matches!(r.op_type.as_str(), "Add" | "Sub") && depth < 4;
+        gathers
+            || (adds
+                && r.output
+                    .first()
+                    .is_some_and(|o| head_unread(o, readers, constants, depth + 1)))
     })
 }
 
