@@ -39,6 +39,30 @@ impl PanelKernel {
     }
 }
 
+/// Measurement knobs of the AVX2 build (temporary): prefetch distance in blocks (0: none),
+/// hint (0 T0, 1 T1, 2 T2, 3 NTA), whether one token alone prefetches.
+#[doc(hidden)]
+pub fn tune_avx2(
+    distance: usize,
+    hint: usize,
+    single: bool,
+    sub: usize,
+    fast: bool,
+    grouped: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::atomic::Ordering::Relaxed;
+        avx2::DISTANCE.store(distance, Relaxed);
+        avx2::HINT.store(hint, Relaxed);
+        avx2::SINGLE.store(single as usize, Relaxed);
+        avx2::SUB.store(sub, Relaxed);
+        avx2::FAST_STORE.store(fast as usize, Relaxed);
+        avx2::GROUPED.store(grouped, Relaxed);
+    }
+    let _ = (distance, hint, single, sub, fast, grouped);
+}
+
 /// Output features per panel.
 pub const PANEL: usize = 64;
 
