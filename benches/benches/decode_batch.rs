@@ -1,11 +1,14 @@
 //! The projections of a batched decode step, weights streaming from memory: a stack of
 //! `ATTNRT_BENCH_LAYERS` (default 12) distinct layers of the 125M LLaMA decoder's projections
-//! (q, k, v, o, gate, up, down: 18.9 MB a layer, 227 MB for 12, far past the last-level cache)
+//! (q, k, v, o, gate, up, down: 25.2 MB a layer, 302 MB for 12, far past the last-level cache)
 //! run through the projection op (`attnrt_kernels::projection::project`, the process's kernel
 //! set, `ATTNRT_BENCH_THREADS` threads, default 2) at `ATTNRT_BENCH_DECODE_TOKENS` tokens
 //! (default 1,4), rounds alternating the token counts. Reported: each count's time per pass over
 //! the stack and its weight bandwidth, and the time against one token's (median of the rounds'
-//! ratios): the cost of a batch's extra rows on top of the weight stream.
+//! ratios): the cost of a batch's extra rows on top of the weight stream. Times are wall
+//! time and the process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`, both threads): on a machine
+//! other processes load, the CPU time moves far less than the wall time (it still counts the
+//! pool's threads spinning between calls).
 //!
 //! ```sh
 //! cargo bench -p attnrt-benches --bench decode_batch
@@ -31,34 +34,11 @@ const LAYER: [(usize, usize); 7] = [
     (2048, 768),
 ];
 
-/// A variant of the kernel's tuning: (prefetch distance, hint, single token prefetches).
-type Variant = (usize, usize, bool, usize, bool, usize);
-
-fn variants() -> Vec<Variant> {
-    let Ok(s) = std::env::var("ATTNRT_BENCH_PANEL_VARIANTS") else {
-        return vec![(0, 1, false, 0, true, 0)];
-    };
-    s.split(',')
-        .map(|v| {
-            let f: Vec<usize> = v.split(':').map(|x| x.trim().parse().unwrap()).collect();
-            (
-                f[0],
-                *f.get(1).unwrap_or(&1),
-                f.get(2).is_some_and(|&s| s != 0),
-                *f.get(3).unwrap_or(&0),
-                f.get(4).is_none_or(|&s| s != 0),
-                *f.get(5).unwrap_or(&0),
-            )
-        })
-        .collect()
-}
-
 fn main() -> Result<()> {
     let layers = env_list("ATTNRT_BENCH_LAYERS", &[12])?[0];
     let rounds = env_list("ATTNRT_BENCH_ROUNDS", &[10])?[0];
     let threads = env_list("ATTNRT_BENCH_THREADS", &[2])?[0];
     let tokens = env_list("ATTNRT_BENCH_DECODE_TOKENS", &[1, 4])?;
-    let variants = variants();
     println!("{}", machine_note());
     let kernels = KernelSet::resolve()?;
     let pool = rayon::ThreadPoolBuilder::new()
@@ -69,9 +49,6 @@ fn main() -> Result<()> {
         .map(|(seed, (k, n))| PackedWeight::new(&seeded_values(k * n, 10 + seed as u32), k, n))
         .collect();
     let bytes: usize = weights.iter().map(|w| w.k() * w.n() * 4).sum();
-    let cases: Vec<(usize, usize)> = (0..variants.len())
-        .flat_map(|v| tokens.iter().map(move |&m| (v, m)))
-        .collect();
     let xs: Vec<Vec<Vec<f32>>> = tokens
         .iter()
         .map(|&m| {
@@ -81,22 +58,19 @@ fn main() -> Result<()> {
                 .collect()
         })
         .collect();
-    let mut ys: Vec<Vec<Vec<f32>>> = cases
+    let mut ys: Vec<Vec<Vec<f32>>> = tokens
         .iter()
-        .map(|&(_, m)| weights.iter().map(|w| vec![0.0; m * w.n()]).collect())
+        .map(|&m| weights.iter().map(|w| vec![0.0; m * w.n()]).collect())
         .collect();
-    let mut samples = vec![Vec::new(); cases.len()];
-    let mut cpu = vec![Vec::new(); cases.len()];
+    let mut wall = vec![Vec::new(); tokens.len()];
+    let mut cpu = vec![Vec::new(); tokens.len()];
     pool.install(|| {
         for r in 0..rounds + 1 {
-            for i in 0..cases.len() {
-                let c = (i + r) % cases.len();
-                let (v, m) = cases[c];
-                let (d, h, s, sub, fast, g) = variants[v];
-                attnrt_kernels::panel::tune_avx2(d, h, s, sub, fast, g);
-                let x = &xs[tokens.iter().position(|&t| t == m).unwrap()];
+            for i in 0..tokens.len() {
+                let c = (i + r) % tokens.len();
+                let m = tokens[c];
                 let (t, c0) = (Instant::now(), cpu_ns());
-                for ((w, x), y) in weights.iter().zip(x).zip(ys[c].iter_mut()) {
+                for ((w, x), y) in weights.iter().zip(&xs[c]).zip(ys[c].iter_mut()) {
                     let product = Product {
                         w,
                         alpha: 1.0,
@@ -106,55 +80,39 @@ fn main() -> Result<()> {
                     project(kernels.projection(), kernels.threads(), x, &product, y, m);
                 }
                 if r > 0 {
-                    samples[c].push(t.elapsed().as_secs_f64() * 1e3);
+                    wall[c].push(t.elapsed().as_secs_f64() * 1e3);
                     cpu[c].push((cpu_ns() - c0) as f64 / 1e6);
                 }
             }
         }
     });
-    for (c, &(_, m)) in cases.iter().enumerate() {
-        let first = cases.iter().position(|&(_, mm)| mm == m).unwrap();
-        assert!(ys[c] == ys[first], "a variant changed the outputs");
-    }
     let mut table = Table::new(&[
-        "variant (distance:hint:single:sub:fast:group)",
         "tokens",
         "ms (min)",
         "ms (median)",
         "GB/s (min)",
-        "/ 1 token (median)",
-        "/ first variant (median)",
-        "cpu ms (median)",
-        "cpu / 1 token",
-        "cpu / first variant",
+        "ms / first count's (median of rounds)",
+        "CPU ms (median)",
+        "CPU ms / first count's (median)",
     ]);
     let ratio =
         |a: &[f64], b: &[f64]| median(&a.iter().zip(b).map(|(a, b)| a / b).collect::<Vec<_>>());
-    for (c, &(v, m)) in cases.iter().enumerate() {
-        let one = cases
-            .iter()
-            .position(|&(vv, mm)| vv == v && mm == tokens[0])
-            .unwrap();
-        let base = cases.iter().position(|&(_, mm)| mm == m).unwrap();
-        let min = samples[c].iter().cloned().fold(f64::INFINITY, f64::min);
-        let (d, h, s, sub, fast, g) = variants[v];
+    for (c, &m) in tokens.iter().enumerate() {
+        let min = wall[c].iter().cloned().fold(f64::INFINITY, f64::min);
         table.row(vec![
-            format!("{d}:{h}:{}:{sub}:{}:{g}", s as u8, fast as u8),
             format!("{m}"),
             format!("{min:.2}"),
-            format!("{:.2}", median(&samples[c])),
+            format!("{:.2}", median(&wall[c])),
             format!("{:.1}", bytes as f64 / (min * 1e-3) / 1e9),
-            format!("{:.3}", ratio(&samples[c], &samples[one])),
-            format!("{:.3}", ratio(&samples[c], &samples[base])),
+            format!("{:.3}", ratio(&wall[c], &wall[0])),
             format!("{:.2}", median(&cpu[c])),
-            format!("{:.3}", ratio(&cpu[c], &cpu[one])),
-            format!("{:.3}", ratio(&cpu[c], &cpu[base])),
+            format!("{:.3}", ratio(&cpu[c], &cpu[0])),
         ]);
     }
     println!(
-        "{layers} layers ({:.0} MB), {threads} threads, {rounds} rounds; ratios against {} token(s)",
+        "{layers} layers ({:.0} MB), {threads} threads, {rounds} rounds; {:?} tokens",
         bytes as f64 / 1e6,
-        tokens[0]
+        kernels.projection().panel().map(|(k, _)| k.isa()),
     );
     println!("{}", table.render());
     println!("{}", machine_note());
