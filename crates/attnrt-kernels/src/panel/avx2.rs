@@ -11,8 +11,8 @@
 //! Measured on a 2-vCPU AMD EPYC Zen 3 VM (AVX2, no AVX-512), `benches/benches/decode_batch.rs`
 //! (12 layers of the 125M decoder's projections, 302 MB, 2 threads; benches/README.md, section
 //! "Batch decode projection kernel"), in paired rounds against each other:
-//! - the register store: process CPU time 0.91–0.93 of the strip store's at 4 tokens, 0.95–0.98
-//!   at 1, 0.85 at 8 (bit-identical outputs);
+//! - the register store: process CPU time 0.90–0.91 of the strip store's at 4 tokens, 0.96–0.98
+//!   at 1, 0.95 at 2, 0.85 at 8; 0.93 with the weights hot (bit-identical outputs);
 //! - software prefetches (`_mm_prefetch` T0, T1, T2 or NTA, 2, 4, 8 or 16 blocks ahead, one line
 //!   per row iteration spread over all tokens' passes, or every other line): 4 tokens 0.86–1.03
 //!   of no prefetch from run to run, 2 tokens 1.01–1.19, 8 tokens 0.68–0.92; one token
