@@ -14,6 +14,8 @@
 //! - [`quant_projection`]: the projections of dynamically quantized models (int8 weights) as
 //!   one op on attnrt's exact integer kernels.
 //! - [`matmul_integer`]: `MatMulInteger` by a constant weight on the same integer kernels.
+//! - `projection_core.rs`: what those three ops (and `packed.rs`'s) share: the shape rules of
+//!   `x: [..., K]` by a constant `W: [K, N]`, the output fact, the row-major eval.
 //! - [`layer_norm`]: `LayerNormalization` as one op over rows.
 //! - [`gelu`]: `Gelu` split over the session's threads.
 //! - [`gather`]: `Gather` with its indices checked (tract's indexes without a bounds check).
@@ -48,6 +50,7 @@ mod packed;
 pub mod plan;
 pub mod profile;
 pub mod projection;
+mod projection_core;
 pub mod quant_pins;
 pub mod quant_projection;
 mod quantize_linear;

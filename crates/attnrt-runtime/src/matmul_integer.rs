@@ -17,7 +17,8 @@ use tract_onnx::pb::NodeProto;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
-use crate::quant_projection::{output_fact_shape, pack_weight, rows_and_output};
+use crate::projection_core::{self, RowProjection};
+use crate::quant_projection::pack_weight;
 use crate::tract_parser::{OnnxParser, Wrapper};
 
 /// The name under which [`MatMulIntegerOp`] appears in a planned graph.
@@ -147,24 +148,41 @@ impl EvalOp for MatMulIntegerOp {
     op_out_of_plan!();
 
     fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        let ctx = || format!("MatMulInteger node '{}'", self.node);
+        projection_core::eval(self, inputs)
+    }
+}
+
+impl RowProjection for MatMulIntegerOp {
+    fn context(&self) -> String {
+        format!("MatMulInteger node '{}'", self.node)
+    }
+
+    fn dims(&self) -> (usize, usize) {
+        (self.weight.k(), self.weight.n())
+    }
+
+    fn input_types(&self) -> TVec<DatumType> {
+        tvec!(DatumType::U8, DatumType::I8)
+    }
+
+    fn output_type(&self) -> DatumType {
+        DatumType::I32
+    }
+
+    fn project(&self, inputs: &[TValue], m: usize, shape: &[usize]) -> TractResult<Tensor> {
         let a = &inputs[0];
         let k = self.weight.k();
-        let (m, out_shape) = rows_and_output(a.shape(), &self.weight).with_context(ctx)?;
-        let zero_point = |t: Option<&TValue>| -> TractResult<i32> {
-            Ok(match t {
-                Some(z) => z.cast_to_scalar::<i32>().with_context(ctx)?,
-                None => 0,
-            })
+        let za = match inputs.get(1) {
+            Some(z) => z.cast_to_scalar::<i32>()?,
+            None => 0,
         };
-        let za = zero_point(inputs.get(1))?;
-        let a_ram = a.try_as_plain_ram().with_context(ctx)?;
+        let a_ram = a.try_as_plain_ram()?;
         let rows = match a.datum_type() {
             DatumType::U8 => QuantizedRows::from_u8(a_ram.as_slice::<u8>()?, m, k, za as u8),
             DatumType::I8 => QuantizedRows::from_i8(a_ram.as_slice::<i8>()?, m, k, za as i8),
-            dt => bail!("{}: A is {dt:?}, needs int8 or uint8", ctx()),
+            dt => bail!("A is {dt:?}, needs int8 or uint8"),
         };
-        let mut y = Tensor::zero::<i32>(&out_shape)?;
+        let mut y = Tensor::zero::<i32>(shape)?;
         let mut view = y.to_plain_array_view_mut::<i32>()?;
         let ys = view
             .as_slice_mut()
@@ -177,7 +195,7 @@ impl EvalOp for MatMulIntegerOp {
             &self.weight,
             QuantOutput::Int(ys),
         );
-        Ok(tvec!(y.into_tvalue()))
+        Ok(y)
     }
 }
 
@@ -185,8 +203,6 @@ impl TypedOp for MatMulIntegerOp {
     as_op!();
 
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
-        let shape = output_fact_shape(inputs[0], &self.weight)
-            .with_context(|| format!("MatMulInteger node '{}'", self.node))?;
-        Ok(tvec!(i32::fact(shape)))
+        projection_core::output_facts(self, inputs)
     }
 }

@@ -9,6 +9,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
 use crate::projection::{add_beta_c, bias_row, ProjectionGemm, ProjectionOp};
+use crate::projection_core;
 
 /// A projection `MatMul` whose constant weight is packed already: `x · W` for `x: [..., K]`
 /// float32 and the packed `W: [K, N]`.
@@ -35,18 +36,8 @@ impl Expansion for PackedProjection {
         check_output_arity(outputs, 1)?;
         s.equals(&inputs[0].datum_type, DatumType::F32)?;
         s.equals(&outputs[0].datum_type, DatumType::F32)?;
-        s.equals(&inputs[0].rank, &outputs[0].rank)?;
-        let (k, n) = (self.weight.k(), self.weight.n());
-        s.given(&inputs[0].rank, move |s, rank| {
-            let Some(last) = (rank as usize).checked_sub(1) else {
-                bail!("MatMul of a scalar by a weight");
-            };
-            for axis in 0..last {
-                s.equals(&inputs[0].shape[axis], &outputs[0].shape[axis])?;
-            }
-            s.equals(&inputs[0].shape[last], k.to_dim())?;
-            s.equals(&outputs[0].shape[last], n.to_dim())
-        })
+        let (k, n) = (self.weight.k().to_dim(), self.weight.n().to_dim());
+        projection_core::rules(s, &inputs[0], &outputs[0], k, n)
     }
 
     fn wire(
@@ -100,13 +91,11 @@ impl Expansion for PackedGemm {
         s.equals(&outputs[0].rank, 2)?;
         s.equals(&inputs[0].datum_type, DatumType::F32)?;
         s.equals(&outputs[0].datum_type, DatumType::F32)?;
-        s.equals(&inputs[0].shape[0], &outputs[0].shape[0])?;
-        s.equals(&inputs[0].shape[1], self.weight.k().to_dim())?;
-        s.equals(&outputs[0].shape[1], self.weight.n().to_dim())?;
         if inputs.len() == 2 {
             s.equals(&inputs[1].datum_type, DatumType::F32)?;
         }
-        Ok(())
+        let (k, n) = (self.weight.k().to_dim(), self.weight.n().to_dim());
+        projection_core::rules(s, &inputs[0], &outputs[0], k, n)
     }
 
     fn wire(

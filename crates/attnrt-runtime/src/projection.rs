@@ -41,6 +41,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 use tract_onnx::tract_hir::ops::matmul::MatMulInference;
 
+use crate::projection_core::{self, RowProjection};
 use crate::tensor::{f32_data, f32_data_mut};
 use crate::tract_parser::OnnxParser;
 
@@ -428,28 +429,32 @@ impl EvalOp for ProjectionOp {
     op_out_of_plan!();
 
     fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        let ctx = || format!("node '{}'", self.node);
-        let x = &inputs[0];
-        let (k, n) = (self.k(), self.n());
-        let shape = x.shape();
-        if x.datum_type() != DatumType::F32 || shape.last() != Some(&k) {
-            bail!(
-                "{}: input A is {:?} {:?}, the weight needs f32 [..., {k}]",
-                ctx(),
-                x.datum_type(),
-                shape
-            );
-        }
-        let m: usize = shape[..shape.len() - 1].iter().product();
-        let mut out_shape: TVec<usize> = shape.into();
-        *out_shape.last_mut().unwrap() = n;
-        let xs = f32_data(x).with_context(ctx)?;
-        let bias = match &self.bias {
-            Some(b) => Some(f32_data(b).with_context(ctx)?),
-            None => None,
-        };
+        projection_core::eval(self, inputs)
+    }
+}
+
+impl RowProjection for ProjectionOp {
+    fn context(&self) -> String {
+        format!("node '{}'", self.node)
+    }
+
+    fn dims(&self) -> (usize, usize) {
+        (self.k(), self.n())
+    }
+
+    fn input_types(&self) -> TVec<DatumType> {
+        tvec!(DatumType::F32)
+    }
+
+    fn output_type(&self) -> DatumType {
+        DatumType::F32
+    }
+
+    fn project(&self, inputs: &[TValue], m: usize, shape: &[usize]) -> TractResult<Tensor> {
+        let xs = f32_data(&inputs[0])?;
+        let bias = self.bias.as_deref().map(f32_data).transpose()?;
         // Every element is written by `project` (the bias rows, or the product alone).
-        let mut y = unsafe { Tensor::uninitialized::<f32>(&out_shape)? };
+        let mut y = unsafe { Tensor::uninitialized::<f32>(shape)? };
         let ys = f32_data_mut(&mut y)?;
         let product = Product {
             w: &self.weight,
@@ -459,7 +464,7 @@ impl EvalOp for ProjectionOp {
         };
         let kernels = &self.kernels;
         project(kernels.projection(), kernels.threads(), xs, &product, ys, m);
-        Ok(tvec!(y.into_tvalue()))
+        Ok(y)
     }
 }
 
@@ -487,16 +492,7 @@ impl TypedOp for ProjectionOp {
     as_op!();
 
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
-        let a = inputs[0];
-        if a.datum_type != DatumType::F32 {
-            bail!("node '{}': input A is {:?}", self.node, a.datum_type);
-        }
-        let mut shape: TVec<TDim> = a.shape.iter().cloned().collect();
-        match shape.last_mut() {
-            Some(last) => *last = self.n().into(),
-            None => bail!("node '{}': input A is a scalar", self.node),
-        }
-        Ok(tvec!(f32::fact(shape)))
+        projection_core::output_facts(self, inputs)
     }
 
     /// Folds the bias `Add` that follows a projection (`x·W + b`, how `nn.Linear` exports on 3-D

@@ -38,6 +38,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::*;
 
 use crate::projection::fold_bias_add;
+use crate::projection_core::{self, RowProjection};
 use crate::tensor::{f32_data, f32_data_mut};
 use crate::tract_parser::OnnxParser;
 
@@ -151,15 +152,7 @@ pub(crate) fn projection_rules<'r, 'p: 'r>(
     y: &'p TensorProxy,
 ) -> InferenceResult {
     s.equals(&b.rank, 2)?;
-    s.equals(&y.rank, &a.rank)?;
-    s.given(&a.rank, move |s, rank| {
-        let last = usize::try_from(rank - 1)?;
-        for i in 0..last {
-            s.equals(&y.shape[i], &a.shape[i])?;
-        }
-        s.equals(&a.shape[last], &b.shape[0])?;
-        s.equals(&y.shape[last], &b.shape[1])
-    })
+    projection_core::rules(s, a, y, &b.shape[0], &b.shape[1])
 }
 
 /// How the activations reach a [`QuantProjectionOp`].
@@ -342,31 +335,6 @@ pub(crate) fn pack_weight(
     }
 }
 
-/// The rows of an input of `shape` `[..., k]` by `w: [k, n]`, and the output's shape
-/// `[..., n]`; an error when the last extent is not `k`.
-pub(crate) fn rows_and_output(
-    shape: &[usize],
-    w: &QuantizedWeight,
-) -> TractResult<(usize, TVec<usize>)> {
-    let k = w.k();
-    let Some((_, rows)) = shape.split_last().filter(|(&last, _)| last == k) else {
-        bail!("A is {shape:?}, the weight needs [..., {k}]");
-    };
-    let mut out: TVec<usize> = shape.into();
-    *out.last_mut().unwrap() = w.n();
-    Ok((rows.iter().product(), out))
-}
-
-/// The shape of the output fact for an input fact `a: [..., k]` by `w: [k, n]`: `[..., n]`.
-pub(crate) fn output_fact_shape(a: &TypedFact, w: &QuantizedWeight) -> TractResult<TVec<TDim>> {
-    let mut shape: TVec<TDim> = a.shape.iter().cloned().collect();
-    match shape.last_mut() {
-        Some(last) => *last = w.n().into(),
-        None => bail!("A is a scalar"),
-    }
-    Ok(shape)
-}
-
 impl Op for QuantProjectionOp {
     fn name(&self) -> StaticName {
         OP_NAME.into()
@@ -402,23 +370,34 @@ impl EvalOp for QuantProjectionOp {
     op_out_of_plan!();
 
     fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        let ctx = || format!("{OP_TYPE} node '{}'", self.node);
-        let x = &inputs[0];
-        if x.datum_type() != self.input.datum_type() {
-            bail!(
-                "{}: A is {:?}, needs {:?}",
-                ctx(),
-                x.datum_type(),
-                self.input.datum_type()
-            );
-        }
-        let (m, out_shape) = rows_and_output(x.shape(), &self.weight).with_context(ctx)?;
-        let (rows, x_scale) = self.rows(x, m).with_context(ctx)?;
+        projection_core::eval(self, inputs)
+    }
+}
+
+impl RowProjection for QuantProjectionOp {
+    fn context(&self) -> String {
+        format!("{OP_TYPE} node '{}'", self.node)
+    }
+
+    fn dims(&self) -> (usize, usize) {
+        (self.weight.k(), self.weight.n())
+    }
+
+    fn input_types(&self) -> TVec<DatumType> {
+        tvec!(self.input.datum_type())
+    }
+
+    fn output_type(&self) -> DatumType {
+        DatumType::F32
+    }
+
+    fn project(&self, inputs: &[TValue], m: usize, shape: &[usize]) -> TractResult<Tensor> {
+        let (rows, x_scale) = self.rows(&inputs[0], m)?;
         let (kernel, threads) = (self.kernels.quant(), self.kernels.threads());
         // The graph's `Mul(x_scale, w_scale)`, one rounding per column.
         let scale: Vec<f32> = self.w_scale.iter().map(|&s| x_scale * s).collect();
         // Every element is written by `quant_matmul`.
-        let mut y = unsafe { Tensor::uninitialized::<f32>(&out_shape)? };
+        let mut y = unsafe { Tensor::uninitialized::<f32>(shape)? };
         let out = QuantOutput::Float {
             y: f32_data_mut(&mut y)?,
             scale: &scale,
@@ -427,7 +406,7 @@ impl EvalOp for QuantProjectionOp {
             activation: self.activation.map(|a| (self.kernels.act(), a)),
         };
         quant_matmul(kernel, threads, &rows, &self.weight, out);
-        Ok(tvec!(y.into_tvalue()))
+        Ok(y)
     }
 }
 
@@ -467,13 +446,7 @@ impl TypedOp for QuantProjectionOp {
     as_op!();
 
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
-        let a = inputs[0];
-        if a.datum_type != self.input.datum_type() {
-            bail!("{OP_TYPE} node '{}': A is {:?}", self.node, a.datum_type);
-        }
-        let shape = output_fact_shape(a, &self.weight)
-            .with_context(|| format!("{OP_TYPE} node '{}'", self.node))?;
-        Ok(tvec!(f32::fact(shape)))
+        projection_core::output_facts(self, inputs)
     }
 
     /// Folds the bias `Add` that follows the projection into it (the QDQ form adds the bias

@@ -1,6 +1,6 @@
 //! Test scaffolding shared by attnrt's tests and benches: builders for small ONNX graphs over
-//! the `attnrt_onnx` protos, the bytes of a `.npy` file, ready-made blocks ([`blocks`]), and the
-//! shipped models' manifest ([`manifest`]).
+//! the `attnrt_onnx` protos, the bytes of a `.npy` file, ready-made blocks ([`blocks`],
+//! [`cache_block`], [`lm_head`]), and the shipped models' manifest ([`manifest`]).
 //!
 //! Only for `[dev-dependencies]` (and the `tests/` and `benches/` crates): nothing here checks
 //! its input, as a test wants to be able to build broken models too.
@@ -23,6 +23,7 @@
 pub mod blocks;
 pub mod cache_block;
 pub mod gelu;
+pub mod lm_head;
 pub mod manifest;
 
 use attnrt_onnx::opset::min_ir_version_for_opset;

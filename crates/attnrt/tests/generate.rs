@@ -147,6 +147,56 @@ fn logits_at_the_last_position_only_are_the_full_logits_last_row() {
     }
 }
 
+/// Issue 26: the rewrite to the last position slices axis 1 of the product's input, exact for
+/// hidden states `[batch, sequence, hidden]` only. A hand-built decoder whose hidden states are
+/// `[batch·sequence, hidden]` (its product broadcast to `[1, batch·sequence, vocab]` by a bias,
+/// or reshaped after) or sequence-major (transposed before the product and back after) is
+/// left at every position, with the reason given; its steps' logits equal the same graph's
+/// (the reference, every position) exactly, and its greedy tokens are those of the
+/// `[batch, sequence, hidden]` layout, which is rewritten.
+#[test]
+fn hidden_states_of_another_layout_keep_every_positions_logits() {
+    use attnrt_testkit::lm_head::{lm_head_decoder, HiddenLayout, VOCAB};
+    let threads = Threads::new(Some(1)).unwrap();
+    let exact = Tolerance {
+        atol: 0.0,
+        rtol: 0.0,
+    };
+    let prompt = vec![3, 1, 4, 1, 5];
+    let mut tokens = Vec::new();
+    for layout in [
+        HiddenLayout::BatchMajor,
+        HiddenLayout::Flat,
+        HiddenLayout::FlatReshaped,
+        HiddenLayout::SequenceMajor,
+    ] {
+        let what = format!("{layout:?}");
+        let model = lm_head_decoder(layout);
+        let g = Generator::new(&model, Some(&model), &threads, &what).unwrap();
+        let rewritten = layout == HiddenLayout::BatchMajor;
+        assert_eq!(g.last_position_logits(), rewritten, "{what}");
+        assert_eq!(
+            g.last_position_refusal().is_none(),
+            rewritten,
+            "{what}: {:?}",
+            g.last_position_refusal()
+        );
+        let mut options = greedy(vec![prompt.clone()], 3);
+        options.check = Some(exact);
+        let report = g.generate(&options, |_| {}).unwrap();
+        assert_eq!(report.check_ok, Some(true), "{what}: {:#?}", report.steps);
+        let prefill = report.steps[0].check.as_ref().unwrap();
+        let positions = if rewritten { 1 } else { prompt.len() };
+        assert_eq!(
+            prefill.logits.shape,
+            [1, positions, VOCAB as usize],
+            "{what}"
+        );
+        tokens.push(report.tokens);
+    }
+    assert!(tokens.iter().all(|t| *t == tokens[0]), "{tokens:?}");
+}
+
 #[test]
 fn eos_stops_generation_and_keeps_the_token() {
     let file = &decoders()[0];

@@ -8,16 +8,23 @@
 //! by ops that treat every position alike (a bias, a softcap: elementwise, their other operands
 //! constants of one position), the hidden states are sliced to their last position before that
 //! `MatMul` (`Slice` from -1 along the sequence axis). The last position's logits are then the
-//! same products of the same operands; the others are not computed. Anything else (the logits of
-//! a dynamically quantized product, whose activations' scale spans every position; a merged
-//! decoder's branches) is left as it is.
+//! same products of the same operands; the others are not computed. The slice is exact only
+//! when axis 1 of the product's input is the sequence: the symbolic forward pass of
+//! `attnrt-fusion` ([`GraphView`]) must show that input `[batch, sequence, hidden]` with the
+//! token ids' two dims, and every value from the product to the logits with the same two first
+//! axes (issue 26: hidden states `[batch·sequence, hidden]`, or sequence-major, are refused).
+//! Anything else (the logits of a dynamically quantized product, whose activations' scale spans
+//! every position; a merged decoder's branches) is left as it is, and the reason is kept
+//! ([`Generator::last_position_refusal`](super::Generator::last_position_refusal)).
 
 use std::collections::{HashMap, HashSet};
 
+use attnrt_fusion::graph::{shape_str, GraphView};
 use attnrt_onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
 use attnrt_onnx::proto::type_proto::Value as TypeValue;
 use attnrt_onnx::tensor::from_i64;
-use attnrt_onnx::{GraphProto, ModelProto, NodeProto};
+use attnrt_onnx::validate::topo_order;
+use attnrt_onnx::{opset, GraphProto, ModelProto, NodeProto};
 
 /// Ops that compute each position's values from that position's alone (given operands of one
 /// position).
@@ -27,21 +34,37 @@ const PER_POSITION: [&str; 7] = ["Add", "Sub", "Mul", "Div", "Tanh", "Cast", "Id
 const PREFIX: &str = "attnrt/last_position";
 
 /// `model` computing its `logits` output at the last position only (`[batch, 1, vocab]`), when
-/// its graph has the form of the module docs; `None` otherwise.
-pub fn logits_at_last_position(model: &ModelProto, logits: &str) -> Option<ModelProto> {
-    let opset = model
-        .opset_import
-        .iter()
-        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-        .map(|o| o.version)?;
-    let graph = model.graph.as_ref()?;
+/// its graph has the form of the module docs and the product's input is shown to be
+/// `[batch, sequence, hidden]` with the token ids' (`input_ids`) batch and length on its axes 0
+/// and 1, both kept up to the logits ([`check_layout`]); otherwise why the logits are left at
+/// every position.
+pub fn logits_at_last_position(
+    model: &ModelProto,
+    logits: &str,
+    input_ids: &str,
+) -> Result<ModelProto, String> {
+    let graph = model.graph.as_ref().ok_or("the model has no graph")?;
     // Slice takes its bounds as inputs from opset 10.
-    if opset < 10 || graph.initializer.iter().any(|t| t.name.starts_with(PREFIX)) {
-        return None;
+    let opset = opset::default_version(model).ok_or("the model imports no default opset")?;
+    if opset < 10 {
+        return Err(format!(
+            "opset {opset}: Slice takes its bounds as inputs from opset 10"
+        ));
+    }
+    if graph.initializer.iter().any(|t| t.name.starts_with(PREFIX)) {
+        return Err("the logits are already computed at the last position only".into());
     }
     let (matmul, chain) = logits_product(graph, logits)?;
+    check_layout(graph, opset, matmul, &chain, input_ids)?;
+    Ok(sliced(model, matmul, &chain, logits))
+}
+
+/// `model` with the input of its node `matmul` sliced to the last position (axis 1), the
+/// declarations of the `chain`'s values dropped and the `logits` output declared of one
+/// position.
+fn sliced(model: &ModelProto, matmul: usize, chain: &HashSet<String>, logits: &str) -> ModelProto {
     let mut model = model.clone();
-    let graph = model.graph.as_mut()?;
+    let graph = model.graph.get_or_insert_with(Default::default);
     let hidden = format!("{PREFIX}/hidden");
     let node = &mut graph.node[matmul];
     let slice = NodeProto {
@@ -66,13 +89,13 @@ pub fn logits_at_last_position(model: &ModelProto, logits: &str) -> Option<Model
     // What the graph declares of the chain's values had every position.
     graph.value_info.retain(|v| !chain.contains(&v.name));
     declare_one_position(graph, logits);
-    Some(model)
+    model
 }
 
 /// The index of the `MatMul` whose product the `logits` output is (through ops of
-/// [`PER_POSITION`]), and the values from its output to the logits; `None` when the logits are
-/// not of that form, or a value of the chain is used elsewhere.
-fn logits_product(graph: &GraphProto, logits: &str) -> Option<(usize, HashSet<String>)> {
+/// [`PER_POSITION`]), and the values from its output to the logits; why not, when the logits
+/// are not of that form or a value of the chain is used elsewhere.
+fn logits_product(graph: &GraphProto, logits: &str) -> Result<(usize, HashSet<String>), String> {
     let constants = constant_shapes(graph);
     let mut producer: HashMap<&str, usize> = HashMap::new();
     let mut uses: HashMap<&str, usize> = HashMap::new();
@@ -91,27 +114,35 @@ fn logits_product(graph: &GraphProto, logits: &str) -> Option<(usize, HashSet<St
     let mut chain = HashSet::new();
     loop {
         if uses.get(value) != Some(&1) {
-            return None;
+            return Err(format!("'{value}' is read by more than the logits"));
         }
         chain.insert(value.to_string());
-        let ix = *producer.get(value)?;
+        let ix = *producer
+            .get(value)
+            .ok_or_else(|| format!("'{value}' is not computed by a node"))?;
         let n = &graph.node[ix];
-        if !(n.domain.is_empty() || n.domain == "ai.onnx") {
-            return None;
+        let by = format!("'{value}' is made by {} '{}'", n.op_type, n.name);
+        if !opset::is_default_domain(&n.domain) {
+            return Err(format!("{by} of domain '{}'", n.domain));
         }
         if n.op_type == "MatMul" {
-            let weight = constants.get(n.input.get(1)?.as_str())?;
-            return (weight.len() == 2).then_some((ix, chain));
+            let weight = n.input.get(1).and_then(|w| constants.get(w.as_str()));
+            return match weight {
+                Some(dims) if dims.len() == 2 => Ok((ix, chain)),
+                _ => Err(format!("{by}, whose weight is not a constant matrix")),
+            };
         }
         if !PER_POSITION.contains(&n.op_type.as_str()) {
-            return None;
+            return Err(format!(
+                "{by}, which is not known to keep each position's values apart"
+            ));
         }
         let mut varying = n
             .input
             .iter()
             .filter(|i| !constants.contains_key(i.as_str()));
         let (Some(next), None) = (varying.next(), varying.next()) else {
-            return None;
+            return Err(format!("{by} of more than one computed operand"));
         };
         let one_position = |i: &String| {
             constants
@@ -119,10 +150,62 @@ fn logits_product(graph: &GraphProto, logits: &str) -> Option<(usize, HashSet<St
                 .is_none_or(|dims| dims.iter().rev().skip(1).all(|&d| d == 1))
         };
         if !n.input.iter().all(one_position) {
-            return None;
+            return Err(format!("{by} with a constant of more than one position"));
         }
         value = next;
     }
+}
+
+/// Checks what makes slicing axis 1 of the input of node `matmul` exact, from the shapes the
+/// symbolic forward pass ([`GraphView`]) proves: that input is `[batch, sequence, hidden]`
+/// with the token ids' (`input_ids`, `[batch, sequence]`) axes 0 and 1, and every value of the
+/// `chain` from the product to the logits keeps those two axes in place (rank 3, the same
+/// dims). A graph whose hidden states are `[batch·sequence, hidden]`, or sequence-major, or
+/// whose shapes cannot be shown is refused with what was found.
+fn check_layout(
+    graph: &GraphProto,
+    opset: i64,
+    matmul: usize,
+    chain: &HashSet<String>,
+    input_ids: &str,
+) -> Result<(), String> {
+    let order = topo_order(graph).map_err(|e| e.to_string())?;
+    let view = GraphView::new(graph, &order, opset);
+    let node = &graph.node[matmul];
+    let hidden = &node.input[0];
+    let of = format!("'{hidden}' (the input of MatMul '{}')", node.name);
+    let shape = view
+        .shape(hidden)
+        .ok_or_else(|| format!("the shape of {of} is not known"))?;
+    let ids = view
+        .shape(input_ids)
+        .filter(|s| s.len() == 2)
+        .ok_or_else(|| {
+            format!("the token ids '{input_ids}' are not known to be [batch, sequence]")
+        })?;
+    if shape.len() != 3 || shape[..2] != *ids {
+        return Err(format!(
+            "{of} is {}, not [batch, sequence, hidden] with the token ids' {}",
+            shape_str(shape),
+            shape_str(ids)
+        ));
+    }
+    let mut chain: Vec<&String> = chain.iter().collect();
+    chain.sort();
+    for value in chain {
+        match view.shape(value) {
+            Some(s) if s.len() == 3 && s[..2] == *ids => {}
+            found => {
+                return Err(format!(
+                    "'{value}' (between the product and the logits) is {}, not {} by the \
+                     vocabulary",
+                    found.map_or("of unknown shape".into(), shape_str),
+                    shape_str(ids)
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The dims of every constant of `graph`: its initializers and the outputs of its `Constant`
@@ -169,19 +252,17 @@ fn declare_one_position(graph: &mut GraphProto, logits: &str) {
 mod tests {
     use super::*;
     use attnrt_onnx::DataType;
+    use attnrt_testkit::lm_head::{lm_head_decoder, HiddenLayout};
     use attnrt_testkit::{model, node, tensor_f32, value_info, GraphBuilder};
 
-    /// `logits = tail(MatMul(h, w))` with `h = Relu(x)`, `x` `[batch, sequence, 4]`: `tail` is
-    /// `Add` of `bias` (dims given), or nothing.
+    /// `logits = tail(MatMul(h, w))` with `h = Gather(embedding, ids)`, `ids`
+    /// `[batch, sequence]`: `tail` is `Add` of `bias` (dims given), or nothing.
     fn decoder(bias: Option<&[i64]>) -> ModelProto {
         let mut g = GraphBuilder::new("d");
-        g.input(value_info(
-            "x",
-            DataType::Float,
-            &["batch", "sequence", "4"],
-        ));
+        g.input(value_info("ids", DataType::Int64, &["batch", "sequence"]));
+        g.initializer(tensor_f32("embedding", &[5, 4], &[0.25; 20]));
         g.initializer(tensor_f32("w", &[4, 3], &[0.5; 12]));
-        g.node(node("relu", "Relu", &["x"], &["h"]));
+        g.node(node("embed", "Gather", &["embedding", "ids"], &["h"]));
         let product = if bias.is_some() { "p" } else { "logits" };
         g.node(node("lm_head", "MatMul", &["h", "w"], &[product]));
         if let Some(dims) = bias {
@@ -197,10 +278,18 @@ mod tests {
         model(g.finish(), 17)
     }
 
+    /// Why `m`'s logits are left at every position (panics when they are not).
+    fn refusal(m: &ModelProto, ids: &str) -> String {
+        match logits_at_last_position(m, "logits", ids) {
+            Ok(_) => panic!("the logits were rewritten to the last position"),
+            Err(why) => why,
+        }
+    }
+
     #[test]
     fn the_hidden_states_are_sliced_before_the_product() {
         for bias in [None, Some(&[3][..]), Some(&[1, 1, 3][..])] {
-            let sliced = logits_at_last_position(&decoder(bias), "logits").unwrap();
+            let sliced = logits_at_last_position(&decoder(bias), "logits", "ids").unwrap();
             let g = sliced.graph.unwrap();
             let slice = g.node.iter().position(|n| n.op_type == "Slice").unwrap();
             let matmul = g.node.iter().position(|n| n.op_type == "MatMul").unwrap();
@@ -222,7 +311,8 @@ mod tests {
     #[test]
     fn logits_that_mix_positions_or_feed_other_values_are_left_alone() {
         // a bias per position
-        assert!(logits_at_last_position(&decoder(Some(&[5, 3])), "logits").is_none());
+        let why = refusal(&decoder(Some(&[5, 3])), "ids");
+        assert!(why.contains("more than one position"), "{why}");
         // the product also an output
         let mut m = decoder(Some(&[3]));
         let g = m.graph.as_mut().unwrap();
@@ -231,16 +321,61 @@ mod tests {
             DataType::Float,
             &["batch", "sequence", "3"],
         ));
-        assert!(logits_at_last_position(&m, "logits").is_none());
+        let why = refusal(&m, "ids");
+        assert!(why.contains("'p' is read by more than the logits"), "{why}");
         // a weight computed by the graph
         let mut m = decoder(None);
         let g = m.graph.as_mut().unwrap();
         g.node.insert(0, node("t", "Transpose", &["w0"], &["w"]));
-        g.initializer[0].name = "w0".into();
-        assert!(logits_at_last_position(&m, "logits").is_none());
+        g.initializer[1].name = "w0".into();
+        let why = refusal(&m, "ids");
+        assert!(why.contains("not a constant matrix"), "{why}");
         // an opset whose Slice takes no bounds as inputs
         let mut m = decoder(None);
         m.opset_import[0].version = 9;
-        assert!(logits_at_last_position(&m, "logits").is_none());
+        assert!(refusal(&m, "ids").contains("opset 9"));
+    }
+
+    /// Issue 26: slicing axis 1 is exact only for hidden states `[batch, sequence, hidden]`
+    /// whose two first axes stay in place up to the logits.
+    #[test]
+    fn hidden_states_of_another_layout_are_left_alone() {
+        use HiddenLayout::*;
+        let decoder = lm_head_decoder(BatchMajor);
+        assert!(logits_at_last_position(&decoder, "logits", "input_ids").is_ok());
+        // the product's input is the token ids' [batch, sequence] only when these are named
+        assert!(refusal(&decoder, "past_key_values.0.key").contains("not known to be"));
+        let cases = [
+            // a broadcast bias makes the flat product [1, batch·sequence, vocab]
+            (
+                Flat,
+                "'h2' (the input of MatMul 'lm_head') is [batch·sequence, 4]",
+            ),
+            (FlatReshaped, "'logits' is made by Reshape 'unflatten'"),
+            (
+                SequenceMajor,
+                "'logits' is made by Transpose 'to_batch_major'",
+            ),
+            (
+                SequenceMajorLogits,
+                "'ht' (the input of MatMul 'lm_head') is [sequence, batch, 4]",
+            ),
+        ];
+        for (layout, reason) in cases {
+            let why = refusal(&lm_head_decoder(layout), "input_ids");
+            assert!(why.contains(reason), "{layout:?}: {why}");
+        }
+        // a bias of rank 4 (one position) makes the logits of rank 4
+        let mut m = lm_head_decoder(BatchMajor);
+        let g = m.graph.as_mut().unwrap();
+        let bias = g.initializer.iter_mut().find(|t| t.name == "bias").unwrap();
+        bias.dims = vec![1, 1, 1, 10];
+        let why = refusal(&m, "input_ids");
+        assert!(
+            why.contains(
+                "'logits' (between the product and the logits) is [1, batch, sequence, 10]"
+            ),
+            "{why}"
+        );
     }
 }

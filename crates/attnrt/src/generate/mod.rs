@@ -224,8 +224,9 @@ pub struct Generator {
     /// How the decode steps' plan is keyed (the past length symbolic, the batch too where
     /// tract can plan that); `None`: the session's own policy (the batch bound).
     decode_policy: Option<ShapePolicy>,
-    /// Whether the decoder's logits are computed at the last position only (`last_position.rs`).
-    last_position: bool,
+    /// Whether the decoder's logits are computed at the last position only (`last_position.rs`),
+    /// else why not.
+    last_position: Result<(), String>,
 }
 
 /// A session for `model` and one for `reference` (the graph to check against) when given.
@@ -277,7 +278,8 @@ impl Generator {
             shapes: ShapePolicy::DynamicDims(signature.dynamic_dims()),
             ..options.clone()
         };
-        let sliced = last_position::logits_at_last_position(model, &signature.logits);
+        let sliced =
+            last_position::logits_at_last_position(model, &signature.logits, &signature.input_ids);
         let decoder_only = signature.encoder_states.is_none() && signature.cross_cache.is_empty();
         let (session, reference) = sessions(
             sliced.as_ref().unwrap_or(model),
@@ -296,7 +298,7 @@ impl Generator {
             encoder: None,
             first_step: None,
             what: what.to_string(),
-            last_position: sliced.is_some(),
+            last_position: sliced.as_ref().map(|_| ()).map_err(Clone::clone),
         };
         if decoder_only {
             (generator.prompt_policy, generator.decode_policy) = generator.prepare_first_steps();
@@ -339,7 +341,16 @@ impl Generator {
     /// Whether the decoder's logits are computed at the last position of a step only (the
     /// graph's output product sliced to it before it runs), not at every position fed.
     pub fn last_position_logits(&self) -> bool {
-        self.last_position
+        self.last_position.is_ok()
+    }
+
+    /// Why the decoder's logits are computed at every position fed (`None`: at the last one
+    /// only, [`Generator::last_position_logits`]): the graph's logits are not a product the
+    /// rewrite can slice exactly (not a product by a constant weight through ops that keep
+    /// each position's values apart, or hidden states not shown to be
+    /// `[batch, sequence, hidden]` with the two first axes kept up to the logits).
+    pub fn last_position_refusal(&self) -> Option<&str> {
+        self.last_position.as_ref().err().map(String::as_str)
     }
 
     /// This decoder (with past: optimum's `decoder_with_past_model.onnx`, which takes the
@@ -356,7 +367,8 @@ impl Generator {
         options: &SessionOptions,
     ) -> Result<Generator> {
         self.signature.adopt_first_step(model, what, &self.what)?;
-        let sliced = last_position::logits_at_last_position(model, &self.signature.logits);
+        let sig = &self.signature;
+        let sliced = last_position::logits_at_last_position(model, &sig.logits, &sig.input_ids);
         let model = sliced.as_ref().unwrap_or(model);
         self.first_step = Some(sessions(model, reference, threads, what, options)?);
         Ok(self)

@@ -167,7 +167,8 @@ fn top_k(x: &mut [f32], k: usize) {
         return;
     };
     x.iter_mut()
-        .filter(|v| !(**v >= kth))
+        // below the k-th value, or NaN
+        .filter(|v| (**v).partial_cmp(&kth).is_none_or(|o| o.is_lt()))
         .for_each(|v| *v = f32::NEG_INFINITY);
 }
 
