@@ -2,7 +2,8 @@
 //! where the weights stream from memory: per block of [`KC`] panel rows (16 KB), each token in
 //! turn runs the block's rows with the panel's 64 outputs in eight ymm accumulators. The first
 //! token reads the block from memory in order (the hardware prefetchers follow it), the others
-//! reuse it from L1, so a batch reads each panel once. Each token's sums run in the same order
+//! reuse it from L1, so a batch reads each panel once. From [`PREFETCH_FROM`] tokens, where the
+//! tokens' arithmetic outlasts a block's load, the passes also prefetch a block ahead. Each token's sums run in the same order
 //! (per block, input features in order) whatever the other tokens, so a batch row's outputs are
 //! those of the row alone. A full panel's block is stored straight from the accumulators
 //! ([`store_token`]); the strip-by-strip store through lane arrays it replaces cost eight
@@ -13,10 +14,11 @@
 //! "Batch decode projection kernel"), in paired rounds against each other:
 //! - the register store: process CPU time 0.90–0.91 of the strip store's at 4 tokens, 0.96–0.98
 //!   at 1, 0.95 at 2, 0.85 at 8; 0.93 with the weights hot (bit-identical outputs);
-//! - software prefetches (`_mm_prefetch` T0, T1, T2 or NTA, 2, 4, 8 or 16 blocks ahead, one line
-//!   per row iteration spread over all tokens' passes, or every other line): 4 tokens 0.86–1.03
-//!   of no prefetch from run to run, 2 tokens 1.01–1.19, 8 tokens 0.68–0.92; one token
-//!   prefetching too: 1.13–1.32 — not kept;
+//! - software prefetches (`_mm_prefetch` T0, T1, T2 or NTA, 2, 4, 8 or 16 blocks ahead, the
+//!   block's lines spread over all tokens' passes, or every other line): 4 tokens 0.86–1.03 of
+//!   no prefetch from run to run (1.00 over 100 rounds), 2 tokens 1.01–1.19, 5 tokens 0.97, 6
+//!   tokens 0.93, 8 tokens 0.68–0.92 (0.88 over 100 rounds); one token prefetching too:
+//!   1.13–1.32. Kept from [`PREFETCH_FROM`] tokens: T2, [`DISTANCE`] blocks ahead;
 //! - the tokens interleaved sub-block by sub-block (8, 16 or 32 rows, each token's sums kept
 //!   between them): 1.01–1.06 at 4 tokens, 1.05–1.09 at 1 — not kept;
 //! - pairs or triples of tokens sharing each half-panel row's four weight loads: 0.96 (pairs)
@@ -35,6 +37,15 @@ const KC: usize = 64;
 /// ymm registers per panel row.
 const VECS: usize = PANEL / 8;
 
+/// Tokens from which a block's passes prefetch the block [`DISTANCE`] ahead into L2.
+const PREFETCH_FROM: usize = 6;
+
+/// Blocks ahead a prefetch reads.
+const DISTANCE: usize = 4;
+
+/// 64-byte lines per block.
+const BLOCK_LINES: usize = KC * PANEL * 4 / 64;
+
 /// [`super::panel_product_raw`] on AVX2+FMA.
 ///
 /// # Safety
@@ -48,9 +59,19 @@ pub(super) unsafe fn product(p: &PanelProduct, y: *mut f32, y_stride: usize) {
         // SAFETY: the asserts of `panel_product_raw` keep the block's panel rows and each
         // token's inputs `k0..k0 + kc` inside their slices; row `t` of `y` is the caller's.
         let w = unsafe { p.panel.as_ptr().add(k0 * PANEL) };
+        // Past the panel's end: the next panel's first blocks, as the tasks run them (a
+        // prefetch is a hint and never faults).
+        let ahead = w.wrapping_add(DISTANCE * KC * PANEL) as *const i8;
         for t in 0..p.tokens {
             let x = unsafe { p.x.as_ptr().add(t * p.x_stride + k0) };
-            let acc = unsafe { token_block(x, w, kc) };
+            let acc = if p.tokens >= PREFETCH_FROM {
+                // Token t's share of the lines, so the block's passes prefetch each once.
+                let lines = ahead.wrapping_add(t * BLOCK_LINES / p.tokens * 64);
+                let count = (t + 1) * BLOCK_LINES / p.tokens - t * BLOCK_LINES / p.tokens;
+                unsafe { token_block::<true>(x, w, kc, lines, count) }
+            } else {
+                unsafe { token_block::<false>(x, w, kc, ahead, 0) }
+            };
             let yr = unsafe { y.add(t * y_stride) };
             unsafe { store_token(p, &acc, yr, after_first, last) };
         }
@@ -58,15 +79,32 @@ pub(super) unsafe fn product(p: &PanelProduct, y: *mut f32, y_stride: usize) {
     }
 }
 
-/// `Σ x[kk] · w[kk·PANEL..][..PANEL]` over `kk < kc`, in order.
+/// `Σ x[kk] · w[kk·PANEL..][..PANEL]` over `kk < kc`, in order; with `PREFETCH`, the `count`
+/// lines from `lines` prefetched into L2 along the way, spread evenly over the rows (no
+/// division in the loop: one measured slower than the prefetches won).
 ///
 /// # Safety
 /// AVX2 and FMA available; `x..x + kc` and `w..w + kc·PANEL` readable.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn token_block(x: *const f32, w: *const f32, kc: usize) -> [__m256; VECS] {
+unsafe fn token_block<const PREFETCH: bool>(
+    x: *const f32,
+    w: *const f32,
+    kc: usize,
+    mut lines: *const i8,
+    count: usize,
+) -> [__m256; VECS] {
     let mut acc = [_mm256_setzero_ps(); VECS];
+    let mut owed = 0;
     for kk in 0..kc {
+        if PREFETCH {
+            owed += count;
+            while owed >= kc {
+                _mm_prefetch::<_MM_HINT_T2>(lines);
+                lines = lines.wrapping_add(64);
+                owed -= kc;
+            }
+        }
         // SAFETY: as the caller vouches.
         let (a, row) = unsafe { (_mm256_broadcast_ss(&*x.add(kk)), w.add(kk * PANEL)) };
         for (j, acc_j) in acc.iter_mut().enumerate() {
