@@ -95,6 +95,22 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy():
     assert attnrt.generate(model, [5, 6, 7], max_new_tokens=8, do_sample=True, top_k=1) == greedy
 
 
+def test_the_kv_cache_copied_gives_the_in_place_tokens():
+    model = attnrt.Model(MODELS / "llama_cache_eager.ts.onnx", threads=1)
+    reports = {}
+    for mode in ("in-place", "copy"):
+        params = attnrt.GeneratorParams(model)
+        params.set_search_options(max_new_tokens=6, kv_cache=mode)
+        generator = attnrt.Generator(model, params)
+        generator.append_tokens([[3, 14, 15], [9, 2, 6, 5, 35]])
+        list(generator)
+        reports[mode] = generator.report()
+        assert reports[mode]["kv_cache"]["mode"] == mode
+    assert reports["copy"]["rows"] == reports["in-place"]["rows"]
+    with pytest.raises(attnrt.AttnrtError, match="'paged'"):
+        attnrt.generate(model, [1, 2], max_new_tokens=2, kv_cache="paged")
+
+
 def test_mistakes_raise_attnrt_errors():
     model = attnrt.Model(MODELS / "llama_cache_eager.ts.onnx")
     with pytest.raises(attnrt.AttnrtError, match="unknown search option"):

@@ -12,8 +12,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use attnrt::generate::{
-    Generation, GenerationFailed, GenerationOptions, GenerationReport, Generator, SamplingOptions,
-    StepReport, StopReason,
+    Generation, GenerationFailed, GenerationOptions, GenerationReport, Generator, KvCacheMode,
+    SamplingOptions, StepReport, StopReason,
 };
 use attnrt::harness::{InputOptions, Tolerance};
 use attnrt::{Fused, FusionReport, LoadedModel, NamedTensor, SessionOptions, Threads};
@@ -74,6 +74,11 @@ pub struct GenerateArgs {
     /// context, the rows of its position table when it has one).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_length: Option<u64>,
+    /// How the key/value cache is kept: `in-place` (held once, the fused attention appends to
+    /// it; used where exact, else `copy` and the JSON report's `kv_cache.fallback` says why) or
+    /// `copy` (each step's presents, past ++ new, become the next step's past).
+    #[arg(long, value_name = "MODE", default_value = "in-place", value_parser = parse_kv_cache)]
+    pub kv_cache: KvCacheMode,
     /// Run the original (unfused) graph in lockstep; exit 3 if a token differs or logits drift
     /// beyond --atol/--rtol. On a dynamically quantized decoder, a step that differs is judged
     /// again with the unfused step's int8 activation quantizations pinned (as `run` does).
@@ -160,6 +165,10 @@ impl SamplingArgs {
     }
 }
 
+fn parse_kv_cache(s: &str) -> Result<KvCacheMode, String> {
+    s.parse()
+}
+
 /// Runs the command; the exit code is 3 when --check finds a difference.
 pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
     args.sampling.options(args.seed).validate()?;
@@ -201,6 +210,7 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
         max_length: args.max_length.map(|n| n as usize),
         sampling: args.sampling.options(args.seed),
         encoder_inputs: encoder.inputs,
+        kv_cache: args.kv_cache,
     };
     // Text is printed as it is made for one prompt with a tokenizer (not with --json).
     let streaming = tokenizer.is_some() && !args.json && options.prompts.len() == 1;

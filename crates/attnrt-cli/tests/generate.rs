@@ -57,6 +57,28 @@ fn generate_checks_every_step_against_the_unfused_graph() {
     let pasts: Vec<u64> = steps.iter().map(|s| s["past"].as_u64().unwrap()).collect();
     assert_eq!(pasts, [0, 4, 5, 6, 7]);
     assert!(steps.iter().all(|s| s["check"]["ok"] == true));
+    assert_eq!(r["kv_cache"]["mode"], "in-place");
+    assert_eq!(r["kv_cache"]["fallback"], serde_json::Value::Null);
+}
+
+/// `--kv-cache copy` keeps the cache as tensors (the same tokens as in place); an unknown mode
+/// is a usage error.
+#[test]
+fn kv_cache_copy_gives_the_in_place_tokens() {
+    let m = model("llama_cache_eager.ts.onnx");
+    let run = |mode: &str| {
+        let args = ["generate", &m, "--prompt-len", "6", "--max-new-tokens", "6"];
+        json(&attnrt(
+            &[&args[..], &["--json", "--kv-cache", mode]].concat(),
+        ))
+    };
+    let (copied, held) = (run("copy"), run("in-place"));
+    assert_eq!(copied["report"]["kv_cache"]["mode"], "copy");
+    assert_eq!(held["report"]["kv_cache"]["mode"], "in-place");
+    assert_eq!(copied["report"]["tokens"], held["report"]["tokens"]);
+    let o = attnrt(&["generate", &m, "--prompt-len", "2", "--kv-cache", "paged"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("'paged'"));
 }
 
 /// A word-level tokenizer over the tiny models' 100-token vocabulary: `w0` … `w99`.

@@ -175,11 +175,12 @@ pub struct Generation {
 impl Generation {
     /// The search options of onnxruntime-genai's `set_search_options` that attnrt has
     /// (`max_length`: prompt and generated tokens together; `random_seed`), and
-    /// `max_new_tokens` and `eos_token_id`.
+    /// `max_new_tokens` and `eos_token_id`; `kv_cache`: `"in-place"` (held once, appended to in
+    /// place where that is exact) or `"copy"` (each step's presents become the next past).
     #[new]
     #[pyo3(signature = (model, *, max_length = None, max_new_tokens = None, do_sample = false,
         temperature = 1.0, top_k = 0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0,
-        random_seed = 0, eos_token_id = None))]
+        random_seed = 0, eos_token_id = None, kv_cache = "in-place"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         model: &DecoderModel,
@@ -193,7 +194,9 @@ impl Generation {
         repetition_penalty: f32,
         random_seed: u64,
         eos_token_id: Option<i64>,
+        kv_cache: &str,
     ) -> PyResult<Generation> {
+        let kv_cache = kv_cache.parse().map_err(AttnrtError::new_err)?;
         let sampling = SamplingOptions {
             do_sample,
             temperature,
@@ -223,6 +226,7 @@ impl Generation {
                 max_length,
                 sampling,
                 encoder_inputs: Vec::new(),
+                kv_cache,
             },
             state: None,
         })

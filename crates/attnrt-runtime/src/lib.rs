@@ -41,6 +41,7 @@ pub mod gelu;
 mod guard;
 mod integer_to_float;
 mod kernels;
+pub mod kv_store;
 pub mod layer_norm;
 mod lower;
 pub mod matmul_integer;
@@ -64,6 +65,7 @@ mod weights;
 
 pub use attnrt_onnx::MemoryBudget;
 pub use guard::panic_is_guarded;
+pub use kv_store::KvStore;
 pub use lower::{half_as_float_report, HalfAsFloat};
 pub use memory::MemoryEstimate;
 pub use options::{SessionOptions, ShapePolicy};

@@ -19,6 +19,7 @@ use tract_onnx::tract_core::plan::{eval as eval_node, EvalContext};
 use tract_onnx::tract_core::runtime::RunOptions;
 use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
 
+use crate::kv_store::KvStore;
 use crate::memory::{MemoryEstimate, PlanSizes};
 use crate::threads::Threads;
 
@@ -161,12 +162,18 @@ impl Plan {
 
     /// Runs the plan; `observe` is called after every node with the node and how long it took
     /// (for profiles). A symbolic plan checks every node's outputs against the planned shapes.
+    /// `store`: a generation's in-place cache, which the store-mode `Attention` nodes find in
+    /// tract's per-run shared map (`crate::kv_store`).
     pub fn run(
         &self,
         values: TVec<TValue>,
+        store: Option<&Arc<KvStore>>,
         mut observe: impl FnMut(&TypedNode, std::time::Duration),
     ) -> Result<TVec<TValue>> {
         let mut state = self.runnable.spawn()?;
+        if let Some(store) = store {
+            state.turn_state.shared.insert(Arc::clone(store));
+        }
         let symbolic = self.symbolic;
         let outputs = state.run_plan_with_eval(
             values,

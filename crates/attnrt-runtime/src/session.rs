@@ -9,7 +9,7 @@ mod execute;
 mod keys;
 
 use std::borrow::Cow;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 use attnrt_kernels::KernelSet;
@@ -18,6 +18,7 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::infer::InferenceFact;
 
 use crate::guard::guarded;
+use crate::kv_store::KvStore;
 use crate::options::{SessionOptions, ShapePolicy};
 use crate::plan::{PlanCache, PlanKey, PlanStats};
 use crate::profile::{OpKinds, Profile};
@@ -208,7 +209,7 @@ impl Session {
             .iter()
             .map(|spec| self.find_input(inputs, &spec.name).cloned())
             .collect::<Result<_>>()?;
-        self.run_ordered(used, profile, &self.options.shapes)
+        self.run_ordered(used, profile, &self.options.shapes, None)
     }
 
     /// Runs the model once, consuming `inputs` (same rules as [`Session::run`]): the tensors
@@ -228,7 +229,22 @@ impl Session {
         policy: &ShapePolicy,
     ) -> Result<Vec<NamedTensor>> {
         Ok(self
-            .run_ordered(self.order_inputs(inputs)?, false, policy)?
+            .run_ordered(self.order_inputs(inputs)?, false, policy, None)?
+            .0)
+    }
+
+    /// [`Session::run_owned_with`] with a generation's in-place cache: the store-mode
+    /// `Attention` nodes keep their keys and values in `store` ([`crate::kv_store`]).
+    /// `policy`: the session's [`SessionOptions::shapes`] when `None`.
+    pub fn run_owned_in(
+        &self,
+        inputs: Vec<NamedTensor>,
+        policy: Option<&ShapePolicy>,
+        store: &Arc<KvStore>,
+    ) -> Result<Vec<NamedTensor>> {
+        let policy = policy.unwrap_or(&self.options.shapes);
+        Ok(self
+            .run_ordered(self.order_inputs(inputs)?, false, policy, Some(store))?
             .0)
     }
 
@@ -239,7 +255,7 @@ impl Session {
     ) -> Result<(Vec<NamedTensor>, Profile)> {
         let started = std::time::Instant::now();
         let ordered = self.order_inputs(inputs)?;
-        let (outputs, profile) = self.run_ordered(ordered, true, &self.options.shapes)?;
+        let (outputs, profile) = self.run_ordered(ordered, true, &self.options.shapes, None)?;
         let mut profile = profile.unwrap_or_default();
         profile.set_wall(started.elapsed());
         Ok((outputs, profile))
@@ -287,6 +303,7 @@ impl Session {
         ordered: Vec<NamedTensor>,
         profile: bool,
         policy: &ShapePolicy,
+        store: Option<&Arc<KvStore>>,
     ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
         let refs: Vec<&NamedTensor> = ordered.iter().collect();
         let plan = self.plan_for(&refs, policy)?;
@@ -298,7 +315,7 @@ impl Session {
             .into_iter()
             .map(|t| t.tensor.into_tvalue())
             .collect();
-        self.run_plan_shapes(plan, values, &shapes, profile)
+        self.run_plan_shapes(plan, values, &shapes, profile, store)
     }
 
     /// The graph's inputs, in order, found by name in `inputs`.

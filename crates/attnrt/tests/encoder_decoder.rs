@@ -17,7 +17,9 @@
 
 use std::path::{Path, PathBuf};
 
-use attnrt::generate::{GenerationOptions, GenerationReport, Generator, SamplingOptions};
+use attnrt::generate::{
+    GenerationOptions, GenerationReport, Generator, KvCacheMode, SamplingOptions,
+};
 use attnrt::harness::{read_npz_tensors, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, Limits, ModelProto};
@@ -105,6 +107,7 @@ fn greedy(prompts: Vec<Vec<i64>>, n: usize, encoder_inputs: Vec<NamedTensor>) ->
         max_length: None,
         sampling: SamplingOptions::default(),
         encoder_inputs,
+        kv_cache: KvCacheMode::default(),
     }
 }
 
@@ -162,6 +165,19 @@ fn whisper_generates_pytorchs_greedy_tokens_fused_and_unfused_alike() {
         .unwrap();
     assert_eq!(batch.check_ok, Some(true), "{:#?}", batch.steps);
     assert_eq!(rows(&batch), r.tokens, "batch of 2 vs PyTorch");
+    // the self-attention cache held in place (the first step's presents, made by the
+    // no-cache branch, moved in), the same tokens as with the cache copied
+    assert_eq!(
+        batch.kv_cache.mode,
+        KvCacheMode::InPlace,
+        "{:?}",
+        batch.kv_cache
+    );
+    let mut copied = greedy(r.starts.clone(), n, features(&r, &[0, 1]));
+    copied.kv_cache = KvCacheMode::Copy;
+    let copied = g.generate(&copied, |_| {}).unwrap();
+    assert_eq!(copied.kv_cache.mode, KvCacheMode::Copy);
+    assert_eq!(rows(&copied), r.tokens, "batch of 2, cache copied");
     for row in 0..2 {
         let options = greedy(vec![r.starts[row].clone()], n, features(&r, &[row]));
         let alone = g.generate(&options, |_| {}).unwrap();
@@ -190,6 +206,12 @@ fn whisper_with_past_and_its_first_step_decoder_generate_pytorchs_tokens() {
     assert_eq!(rows(&report), r.tokens, "batch of 2 vs PyTorch");
     // a plan for the first step's decoder, one for every later step's
     assert_eq!(report.plans.built, 2, "{:?}", report.plans);
+    // the first step's presents are another decoder's tensors: the cache is copied
+    let why = report.kv_cache.fallback.unwrap_or_default();
+    assert!(
+        why.contains("the first step runs on another decoder"),
+        "{why}"
+    );
 }
 
 #[test]
@@ -255,10 +277,25 @@ fn bart_and_t5_generate_pytorchs_greedy_tokens_fused_and_unfused_alike() {
         let want = rows_of(entry(&saved, "tokens"));
         let starts = rows_of(entry(&saved, "decoder_start_ids"));
         let report = g
-            .generate(&greedy(starts, want[0].len(), encoder_inputs), |_| {})
+            .generate(
+                &greedy(starts.clone(), want[0].len(), encoder_inputs.clone()),
+                |_| {},
+            )
             .unwrap();
         assert_eq!(report.check_ok, Some(true), "{name}: {:#?}", report.steps);
         assert_eq!(rows(&report), want, "{name} vs PyTorch");
+        // the self-attention cache in place (the fusion sizes present from past's shape plus
+        // the new rows, whose head size nothing reads), as with the cache copied
+        assert_eq!(
+            report.kv_cache.mode,
+            KvCacheMode::InPlace,
+            "{name}: {:?}",
+            report.kv_cache
+        );
+        let mut copied = greedy(starts.clone(), want[0].len(), encoder_inputs.clone());
+        copied.kv_cache = KvCacheMode::Copy;
+        let copied = g.generate(&copied, |_| {}).unwrap();
+        assert_eq!(rows(&copied), want, "{name}, cache copied");
     }
 }
 

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use attnrt::generate::{
-    context, DecoderSignature, GenerationFailed, GenerationOptions, Generator, SamplingOptions,
-    StopReason,
+    context, DecoderSignature, GenerationFailed, GenerationOptions, Generator, KvCacheMode,
+    SamplingOptions, StopReason,
 };
 use attnrt::harness::Tolerance;
 use attnrt_fusion::{fuse, FusionOptions};
@@ -64,6 +64,7 @@ fn fused_decoders_generate_the_unfused_tokens_with_two_plans() {
             sampling: SamplingOptions::default(),
             max_length: None,
             encoder_inputs: Vec::new(),
+            kv_cache: KvCacheMode::default(),
         };
         let mut seen = 0;
         let report = generator.generate(&options, |_| seen += 1).unwrap();
@@ -211,6 +212,7 @@ fn eos_stops_generation_and_keeps_the_token() {
         sampling: SamplingOptions::default(),
         max_length: None,
         encoder_inputs: Vec::new(),
+        kv_cache: KvCacheMode::default(),
     };
     let free = g.generate(&options, |_| {}).unwrap();
     assert_eq!(free.stopped, StopReason::MaxNewTokens);
@@ -260,6 +262,7 @@ fn generation_stops_at_the_context_or_keeps_its_tokens_when_a_step_fails() {
         max_length: Some(7),
         sampling: SamplingOptions::default(),
         encoder_inputs: Vec::new(),
+        kv_cache: KvCacheMode::default(),
     };
     let r = g.generate(&options, |_| {}).unwrap();
     assert_eq!(
@@ -320,6 +323,7 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
                 ..SamplingOptions::default()
             },
             encoder_inputs: Vec::new(),
+            kv_cache: KvCacheMode::default(),
         };
         let report = g.generate(&options, |_| {}).unwrap();
         assert_eq!(report.check_ok, Some(true), "{file}: {:#?}", report.steps);
@@ -341,6 +345,7 @@ fn sampled_generation_is_seeded_and_matches_the_unfused_graph() {
             ..SamplingOptions::default()
         },
         encoder_inputs: Vec::new(),
+        kv_cache: KvCacheMode::default(),
     };
     let want = g.generate(&greedy, |_| {}).unwrap().tokens;
     let top1 = GenerationOptions {
@@ -429,6 +434,7 @@ fn greedy(prompts: Vec<Vec<i64>>, max_new_tokens: usize) -> GenerationOptions {
         max_length: None,
         sampling: SamplingOptions::default(),
         encoder_inputs: Vec::new(),
+        kv_cache: KvCacheMode::default(),
     }
 }
 
@@ -645,4 +651,124 @@ fn a_merged_decoder_takes_its_no_cache_branch_first_and_its_cache_branch_after()
             "{what}: later steps run the cache branch"
         );
     }
+}
+
+/// Every step's last-position logits of `options` run with the cache kept as `mode`, and how
+/// the cache was kept.
+fn logits_with(
+    g: &Generator,
+    options: &GenerationOptions,
+    mode: KvCacheMode,
+) -> (Vec<Vec<Vec<f32>>>, attnrt::generate::KvCacheReport) {
+    let options = GenerationOptions {
+        kv_cache: mode,
+        ..options.clone()
+    };
+    let mut generation = g.start(&options).unwrap();
+    let mut logits = Vec::new();
+    while g.next_step(&mut generation).unwrap().is_some() {
+        logits.push(generation.last_logits().to_vec());
+    }
+    (logits, generation.kv_cache().clone())
+}
+
+/// Issue 26 (in-place cache): on every shipped decoder with a cache, a left-padded batch makes
+/// bit-identical logits at every step with the cache held in place and with the cache copied
+/// into fresh presents each step (the same kernels on the same rows; only where the rows live
+/// differs), so the same tokens; the exports whose caches only the fused attention reads run
+/// in place, the others fall back with the reason.
+#[test]
+fn the_in_place_cache_gives_the_copy_paths_logits_bit_for_bit() {
+    let threads = Threads::new(Some(2)).unwrap();
+    let prompts = vec![vec![3, 14, 15], vec![9, 2, 6, 5, 35, 89, 79]];
+    let mut in_place = Vec::new();
+    for file in decoders() {
+        let original = load(&file);
+        let fused = fuse(&original, &FusionOptions::default()).unwrap().model;
+        let g = Generator::new(&fused, None, &threads, &file).unwrap();
+        let options = greedy(prompts.clone(), 5);
+        let (copied, copy) = logits_with(&g, &options, KvCacheMode::Copy);
+        let (held, report) = logits_with(&g, &options, KvCacheMode::InPlace);
+        assert_eq!(copy.mode, KvCacheMode::Copy, "{file}");
+        assert_eq!(copied.len(), 5, "{file}");
+        assert!(held == copied, "{file}: the logits differ");
+        match report.mode {
+            KvCacheMode::InPlace => in_place.push(file),
+            KvCacheMode::Copy => {
+                let why = report.fallback.unwrap_or_default();
+                assert!(why.contains(" read by node "), "{file}: {why}");
+            }
+        }
+    }
+    // (the SDPA TorchScript exports read present's head size to merge the heads: copied)
+    for expected in [
+        "gpt2_cache_eager.dynamo.onnx",
+        "gpt2_cache_eager.ts.onnx",
+        "gpt2_cache_sdpa.dynamo.onnx",
+        "llama_cache_eager.dynamo.onnx",
+        "llama_cache_eager.ts.onnx",
+        "llama_cache_eager.ts.qint8.onnx",
+        "llama_cache_sdpa.dynamo.onnx",
+    ] {
+        assert!(
+            in_place.iter().any(|f| f == expected),
+            "{expected}: {in_place:?}"
+        );
+    }
+}
+
+/// Issue 26 (in-place cache): a decoder whose past is read by another node than the fused
+/// attention (optimum's export concatenates past and new keys itself: the fusion leaves that
+/// `Concat`) keeps the copy path, and the report names the reader.
+#[test]
+fn a_past_with_another_reader_keeps_the_copy_path_with_the_reason() {
+    let threads = Threads::new(Some(2)).unwrap();
+    let file = "llama_cache_optimum.onnx";
+    let original = load(file);
+    let fused = fuse(&original, &FusionOptions::default()).unwrap().model;
+    let g = Generator::new(&fused, None, &threads, file).unwrap();
+    let report = g
+        .generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {})
+        .unwrap();
+    assert_eq!(report.kv_cache.mode, KvCacheMode::Copy);
+    let why = report.kv_cache.fallback.unwrap_or_default();
+    assert!(
+        why.contains("past 'past_key_values.0.key' is read by node") && why.contains("(Concat)"),
+        "{why}"
+    );
+    // a Shape that reads past's head size (the stand-ins' is 0): copied
+    let mut fused = fuse(
+        &load("llama_cache_eager.ts.onnx"),
+        &FusionOptions::default(),
+    )
+    .unwrap()
+    .model;
+    let graph = fused.graph.as_mut().unwrap();
+    graph.node.push(attnrt_onnx::NodeProto {
+        name: "head_size".into(),
+        op_type: "Shape".into(),
+        input: vec!["past_key_values.1.value".into()],
+        output: vec!["head_size_out".into()],
+        attribute: vec![attnrt_onnx::attr::make_int("start", 3)],
+        ..Default::default()
+    });
+    let g = Generator::new(&fused, None, &threads, "with a head reader").unwrap();
+    let report = g
+        .generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {})
+        .unwrap();
+    let why = report.kv_cache.fallback.unwrap_or_default();
+    assert!(why.contains("read by node 'head_size' (Shape)"), "{why}");
+    // unfused, no fused attention reads the cache at all
+    let g = Generator::new(
+        &load("llama_cache_eager.ts.onnx"),
+        None,
+        &threads,
+        "unfused",
+    )
+    .unwrap();
+    let report = g
+        .generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {})
+        .unwrap();
+    assert_eq!(report.kv_cache.mode, KvCacheMode::Copy);
+    assert!(report.kv_cache.fallback.is_some());
 }

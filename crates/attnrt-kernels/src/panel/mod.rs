@@ -186,20 +186,22 @@ mod tests {
     fn a_token_s_outputs_do_not_depend_on_the_other_tokens_of_the_call() {
         // A batch row's decode step must give what the row alone gives: every token group of
         // the AVX2 build sums in the same order.
-        let (tokens, k, width) = (7, 300, 53);
-        let x = ramp(tokens * k, 0.1);
-        let data = panel_data(k, width);
-        for isa in Isa::available() {
-            let kernel = PanelKernel::new(isa);
-            let all = product_of(kernel, &x, tokens, &data);
-            for t in 0..tokens {
-                let alone = product_of(kernel, &x[t * k..(t + 1) * k], 1, &data);
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits(&all[t * width..(t + 1) * width]),
-                    bits(&alone),
-                    "{isa:?}: token {t} of {tokens}"
-                );
+        // Width 53 stores strip by strip, 64 (a full panel) from the AVX2 build's registers.
+        for (tokens, k, width) in [(7, 300, 53), (8, 200, 64), (4, 768, 64)] {
+            let x = ramp(tokens * k, 0.1);
+            let data = panel_data(k, width);
+            for isa in Isa::available() {
+                let kernel = PanelKernel::new(isa);
+                let all = product_of(kernel, &x, tokens, &data);
+                for t in 0..tokens {
+                    let alone = product_of(kernel, &x[t * k..(t + 1) * k], 1, &data);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&all[t * width..(t + 1) * width]),
+                        bits(&alone),
+                        "{isa:?}: token {t} of {tokens}, width {width}"
+                    );
+                }
             }
         }
     }
@@ -209,13 +211,16 @@ mod tests {
         if !Isa::available().contains(&Isa::Avx2) {
             return;
         }
-        for (tokens, k, width) in [
-            (1, 768, 64),
-            (2, 129, 64),
-            (3, 257, 40),
-            (4, 768, 64),
-            (9, 64, 16),
-        ] {
+        let shapes = [
+            (768, 64),
+            (129, 64),
+            (257, 40),
+            (64, 16),
+            (131, 63),
+            (65, 64),
+            (3, 33),
+        ];
+        for (tokens, (k, width)) in (1..=9).flat_map(|t| shapes.map(|s| (t, s))) {
             let x = ramp(tokens * k, 0.1);
             let data = panel_data(k, width);
             let avx2 = product_of(PanelKernel::new(Isa::Avx2), &x, tokens, &data);
@@ -241,6 +246,9 @@ mod tests {
             (11, 1, 1, 0, erf),
             (7, 33, 48, 1, None),
             (5, 131, 20, 2, None),
+            (4, 200, 64, 1, None),
+            (3, 150, 64, 0, tanh),
+            (2, 64, 64, 2, None),
         ] {
             let xs = k + 3;
             let ys = width + 5;

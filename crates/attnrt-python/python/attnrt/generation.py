@@ -53,6 +53,7 @@ SEARCH_OPTIONS = (
     "repetition_penalty",
     "random_seed",
     "eos_token_id",
+    "kv_cache",
 )
 
 

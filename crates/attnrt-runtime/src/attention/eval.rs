@@ -13,20 +13,23 @@ use tract_onnx::tract_hir::internal::*;
 use super::layout::*;
 use super::problem::Problem;
 use super::semantics::{check_float, AttentionOp};
+use crate::kv_store::KvStore;
 
 pub(super) fn eval_attention(
     op: &AttentionOp,
     kernels: &KernelSet,
     inputs: &[TValue],
+    store: Option<&KvStore>,
 ) -> TractResult<TVec<TValue>> {
     if inputs.len() != op.input_count() {
         bail!("expected {} inputs, got {}", op.input_count(), inputs.len());
     }
     let dt = inputs[0].datum_type();
     check_float(dt, "Q")?;
-    let q = to_f32(&inputs[0], "Q")?;
-    let k = to_f32(&inputs[1], "K")?;
-    let v = to_f32(&inputs[2], "V")?;
+    if let Some(store) = store.filter(|_| op.kv_store) {
+        return eval_in_store(op, kernels, inputs, store);
+    }
+    let [q, k, v] = qkv_f32(inputs)?;
     let rank = q.shape().len();
     let (qv, kv, vv) = head_views(op, &q, &k, &v)?;
     let [batch, q_heads, q_len, head] = qv.dims;
@@ -35,26 +38,14 @@ pub(super) fn eval_attention(
     let mut cache = Cache::build(past.as_ref(), op, kernels, &kv, &vv)?;
     let total = cache.past_len + kv.dims[2];
 
-    let mask_f32;
-    let mask = match op.mask_index().map(|m| &inputs[m]) {
-        None => Mask::None,
-        Some(m) if m.datum_type() == dt && dt != DatumType::Bool => {
-            mask_f32 = to_f32(m, "attn_mask")?;
-            attn_mask(m, Some(&mask_f32), [batch, q_heads, q_len, total])?
-        }
-        Some(m) => attn_mask(m, None, [batch, q_heads, q_len, total])?,
-    };
+    let additive = additive_mask(op, inputs)?;
+    let target = [batch, q_heads, q_len, total];
+    let mask = mask_of(op, inputs, additive.as_ref(), target)?;
     let nonpad = op
         .nonpad_index()
         .map(|i| nonpad_lengths(&inputs[i], batch, total))
         .transpose()?;
-    let params = AttentionParams {
-        scale: op
-            .scale
-            .unwrap_or_else(|| AttentionParams::default_scale(head)),
-        causal: None,
-        softcap: (op.softcap > 0.0).then_some(op.softcap),
-    };
+    let params = params_of(op, head);
     let appended =
         cache.attend_or_fill(&qv, &mask, &params, op.is_causal, nonpad.is_some(), rank)?;
     let (k_view, v_view) = cache.key_value_views(kv, vv)?;
@@ -78,6 +69,104 @@ pub(super) fn eval_attention(
     // Ends the borrows of `present_k`/`present_v` before they move into the outputs.
     drop(problem);
     collect_outputs(op, dt, y, cache.into_present(), scores)
+}
+
+/// Store mode (`crate::kv_store`): this step's keys and values appended to the node's slot at
+/// the past length `P` the stand-in `past_key` `[B, Hkv, P, 0]` carries, Y over the slot's rows
+/// `0..P + L`, and `present_*` as stand-ins `[B, Hkv, P + L, 0]`.
+fn eval_in_store(
+    op: &AttentionOp,
+    kernels: &KernelSet,
+    inputs: &[TValue],
+    store: &KvStore,
+) -> TractResult<TVec<TValue>> {
+    let dt = inputs[0].datum_type();
+    if dt != DatumType::F32 {
+        bail!("the in-place cache holds float32 only; Q is {dt:?}");
+    }
+    let p = op.past_index().context("store mode without a past")?;
+    let past_len = match inputs[p].shape() {
+        [_, _, len, 0] => *len,
+        s => {
+            bail!("store mode: past_key is {s:?}, expected the stand-in [batch, kv_heads, past, 0]")
+        }
+    };
+    let [q, k, v] = qkv_f32(inputs)?;
+    let rank = q.shape().len();
+    let (qv, kv, vv) = head_views(op, &q, &k, &v)?;
+    let [batch, q_heads, q_len, head] = qv.dims;
+    let slot = store.slot(&op.node);
+    let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+    slot.append(&op.node, past_len, store.capacity(), &kv, &vv)?;
+    let (k_view, v_view) = slot.views()?;
+    let total = k_view.dims[2];
+    let additive = additive_mask(op, inputs)?;
+    let target = [batch, q_heads, q_len, total];
+    let mask = mask_of(op, inputs, additive.as_ref(), target)?;
+    let problem = Problem {
+        q: qv,
+        k: k_view,
+        v: v_view,
+        mask,
+        params: params_of(op, head),
+        is_causal: op.is_causal,
+        past_len,
+        nonpad: None,
+    };
+    let y = run_y(&problem, kernels, rank)?;
+    let scores = op.outputs[3]
+        .then(|| run_scores(op, &problem))
+        .transpose()?;
+    let stand_in = || f32_output(&[batch, kv.dims[1], total, 0]);
+    let present = Present {
+        k: Some(stand_in()?),
+        v: Some(stand_in()?),
+    };
+    collect_outputs(op, dt, y, present, scores)
+}
+
+/// Q, K and V as f32 (borrowed from tract's tensors when they are f32 already).
+fn qkv_f32(inputs: &[TValue]) -> TractResult<[F32Input<'_>; 3]> {
+    Ok([
+        to_f32(&inputs[0], "Q")?,
+        to_f32(&inputs[1], "K")?,
+        to_f32(&inputs[2], "V")?,
+    ])
+}
+
+/// The kernel's parameters from the node's attributes (no causal offset yet).
+fn params_of(op: &AttentionOp, head: usize) -> AttentionParams {
+    AttentionParams {
+        scale: op
+            .scale
+            .unwrap_or_else(|| AttentionParams::default_scale(head)),
+        causal: None,
+        softcap: (op.softcap > 0.0).then_some(op.softcap),
+    }
+}
+
+/// The mask in f32 when it is additive (of Q's type), for [`mask_of`] to borrow.
+fn additive_mask<'a>(op: &AttentionOp, inputs: &'a [TValue]) -> TractResult<Option<F32Input<'a>>> {
+    let dt = inputs[0].datum_type();
+    match op.mask_index().map(|m| &inputs[m]) {
+        Some(m) if m.datum_type() == dt && dt != DatumType::Bool => {
+            Ok(Some(to_f32(m, "attn_mask")?))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The node's mask broadcast onto `target` = `[B, Hq, Lq, total]` (`additive`: its f32 form).
+fn mask_of<'a>(
+    op: &AttentionOp,
+    inputs: &'a [TValue],
+    additive: Option<&'a F32Input<'_>>,
+    target: [usize; 4],
+) -> TractResult<Mask<'a>> {
+    match op.mask_index().map(|m| &inputs[m]) {
+        None => Ok(Mask::None),
+        Some(m) => attn_mask(m, additive, target),
+    }
 }
 
 /// `past_key` and `past_value` as f32, when the node has them.

@@ -25,6 +25,10 @@ pub(super) const KNOWN_ATTRIBUTES: [&str; 7] = [
     "softmax_precision",
 ];
 
+/// attnrt's own attribute (never in a file: a generation sets it on the nodes that own its
+/// cache, `crate::kv_store`): `1` puts the node in store mode.
+pub const KV_STORE_ATTRIBUTE: &str = "attnrt_kv_store";
+
 /// The parsed node: attributes with their ONNX defaults, and which optional inputs and outputs
 /// the node wires (tract drops empty names, so positions shift).
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +56,10 @@ pub struct AttentionOp {
     pub has_nonpad: bool,
     /// Which of `Y`, `present_key`, `present_value`, `qk_matmul_output` are wired.
     pub outputs: [bool; 4],
+    /// Store mode ([`KV_STORE_ATTRIBUTE`], `crate::kv_store`): with a store given to the run,
+    /// the keys and values live there and `past_*`/`present_*` are zero-byte stand-ins (in
+    /// every case, `present_*`'s last axis is `past_*`'s).
+    pub kv_store: bool,
 }
 
 impl Eq for AttentionOp {}
@@ -78,7 +86,7 @@ pub(super) fn build_attention(
 
 pub(super) fn parse_node(node: &NodeProto, label: &str) -> TractResult<AttentionOp> {
     for a in &node.attribute {
-        if !KNOWN_ATTRIBUTES.contains(&a.name.as_str()) {
+        if !KNOWN_ATTRIBUTES.contains(&a.name.as_str()) && a.name != KV_STORE_ATTRIBUTE {
             bail!(
                 "attribute '{}' is not part of ONNX Attention-23/24; attnrt does not implement it",
                 a.name
@@ -159,8 +167,15 @@ pub(super) fn parse_node(node: &NodeProto, label: &str) -> TractResult<Attention
              present_key/present_value (ONNX Attention-24)"
         );
     }
+    let kv_store = match node.get_attr_opt::<i64>(KV_STORE_ATTRIBUTE)?.unwrap_or(0) {
+        0 => false,
+        1 if has_past_key && outputs[1] && outputs[2] => true,
+        1 => bail!("attribute {KV_STORE_ATTRIBUTE}=1 needs past_key/past_value and present_key/present_value wired"),
+        v => bail!("attribute {KV_STORE_ATTRIBUTE}={v}: must be 0 or 1"),
+    };
     Ok(AttentionOp {
         node: label.to_string(),
+        kv_store,
         q_num_heads,
         kv_num_heads,
         scale,
@@ -311,6 +326,12 @@ impl AttentionOp {
         let g = self.geometry(shapes)?;
         let total = g.past_len.clone() + g.kv_len.clone();
         let mut out = tvec![];
+        // store mode: present's last axis is past's (0 for the stand-ins)
+        let past_head = |i: usize| {
+            self.past_index()
+                .filter(|_| self.kv_store)
+                .map(|p| shapes[p + i][3].clone())
+        };
         out.push(if g.rank == 3 {
             tvec![
                 g.batch.clone(),
@@ -330,7 +351,7 @@ impl AttentionOp {
                 g.batch.clone(),
                 g.kv_heads.clone(),
                 total.clone(),
-                g.head.clone()
+                past_head(0).unwrap_or_else(|| g.head.clone())
             ]);
         }
         if self.outputs[2] {
@@ -338,7 +359,7 @@ impl AttentionOp {
                 g.batch.clone(),
                 g.kv_heads.clone(),
                 total.clone(),
-                g.v_head.clone()
+                past_head(1).unwrap_or_else(|| g.v_head.clone())
             ]);
         }
         if self.outputs[3] {

@@ -82,13 +82,14 @@ fn op(has_mask: bool, is_causal: bool, qk_mode: i64, with_scores: bool) -> Atten
         has_past: false,
         has_nonpad: true,
         outputs: [true, false, false, with_scores],
+        kv_store: false,
     }
 }
 
 fn run(op: &AttentionOp, inputs: Vec<Tensor>) -> TractResult<Vec<Vec<f32>>> {
     let inputs: Vec<TValue> = inputs.into_iter().map(|t| t.into_tvalue()).collect();
     let kernels = KernelSet::resolve()?;
-    Ok(eval_attention(op, &kernels, &inputs)?
+    Ok(eval_attention(op, &kernels, &inputs, None)?
         .iter()
         .map(|t| f32s(t).to_vec())
         .collect())
@@ -342,4 +343,70 @@ fn nonpad_kv_seqlen_refuses_a_kv_cache() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("at most 7"), "{err}");
+}
+
+/// Store mode (`crate::kv_store`): a prompt of 5 then two decode steps (GQA, causal, a store
+/// made too small so that it grows) give the copy path's Y bit for bit, with stand-in presents
+/// `[B, Hkv, total, 0]`; a step whose past is not the slot's length is an error naming the node.
+#[test]
+fn store_mode_gives_the_copy_paths_y_and_refuses_a_stale_store() {
+    use crate::kv_store::KvStore;
+    let copy = AttentionOp {
+        node: "attn".into(),
+        q_num_heads: None,
+        kv_num_heads: None,
+        scale: None,
+        is_causal: true,
+        softcap: 0.0,
+        qk_mode: 0,
+        has_mask: false,
+        has_past: true,
+        has_nonpad: false,
+        outputs: [true, true, true, false],
+        kv_store: false,
+    };
+    let in_store = AttentionOp {
+        kv_store: true,
+        ..copy.clone()
+    };
+    let kernels = KernelSet::resolve().unwrap();
+    let store = KvStore::new(4);
+    let (b, hq, hkv, d) = (2, 4, 2, 8);
+    let value = |t: Tensor| t.into_tvalue();
+    let mut past = vec![
+        value(Tensor::zero::<f32>(&[b, hkv, 0, d]).unwrap()),
+        value(Tensor::zero::<f32>(&[b, hkv, 0, d]).unwrap()),
+    ];
+    let mut stand_ins = vec![
+        value(Tensor::zero::<f32>(&[b, hkv, 0, 0]).unwrap()),
+        value(Tensor::zero::<f32>(&[b, hkv, 0, 0]).unwrap()),
+    ];
+    let mut total = 0;
+    for (step, len) in [5, 1, 1].into_iter().enumerate() {
+        let seed = 10 * step as u64;
+        let qkv = vec![
+            value(tensor(&[b, hq, len, d], seed)),
+            value(tensor(&[b, hkv, len, d], seed + 1)),
+            value(tensor(&[b, hkv, len, d], seed + 2)),
+        ];
+        let inputs = [qkv.clone(), past.clone()].concat();
+        let copied = eval_attention(&copy, &kernels, &inputs, None).unwrap();
+        let inputs = [qkv.clone(), stand_ins.clone()].concat();
+        let held = eval_attention(&in_store, &kernels, &inputs, Some(&store)).unwrap();
+        total += len;
+        assert_eq!(f32s(&held[0]), f32s(&copied[0]), "step {step}");
+        assert_eq!(held[1].shape(), &[b, hkv, total, 0]);
+        assert_eq!(copied[1].shape(), &[b, hkv, total, d]);
+        past = copied[1..].to_vec();
+        let stale = std::mem::replace(&mut stand_ins, held[1..].to_vec());
+        if step == 2 {
+            let inputs = [qkv, stale].concat();
+            let err = eval_attention(&in_store, &kernels, &inputs, Some(&store)).unwrap_err();
+            let msg = format!("{err:#}");
+            assert!(
+                msg.contains("node 'attn' holds 7 position(s) but the step's past has 6"),
+                "{msg}"
+            );
+        }
+    }
 }

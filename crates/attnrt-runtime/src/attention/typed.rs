@@ -7,6 +7,7 @@ use tract_onnx::tract_hir::internal::*;
 
 use super::eval::eval_attention;
 use super::semantics::{check_float, AttentionOp};
+use crate::kv_store::KvStore;
 
 /// The name under which [`AttentionKernelOp`] appears in a planned graph.
 pub const OP_NAME: &str = "AttnrtAttention";
@@ -35,8 +36,13 @@ impl Op for AttentionKernelOp {
 impl EvalOp for AttentionKernelOp {
     op_out_of_plan!();
 
-    fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        eval_attention(&self.op, &self.kernels, &inputs)
+    fn eval(&self, ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        // a generation's in-place cache, installed for the run (`crate::kv_store`)
+        let store = ctx
+            .shared
+            .and_then(|s| s.get::<std::sync::Arc<KvStore>>())
+            .map(|s| &**s);
+        eval_attention(&self.op, &self.kernels, &inputs, store)
             .with_context(|| format!("Attention node '{}'", self.op.node))
     }
 }

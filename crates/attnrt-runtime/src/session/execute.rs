@@ -1,12 +1,15 @@
 //! Plans made, run and profiled: the cache, the fallback from a symbolic plan to a concrete one,
 //! the memory check before a run.
 
+use std::sync::Arc;
+
 use anyhow::{Context, Result};
 use tract_onnx::prelude::*;
 
 use super::keys::key_str;
 use super::Session;
 use crate::guard::guarded;
+use crate::kv_store::KvStore;
 use crate::options::ShapePolicy;
 use crate::plan::{Plan, PlanKey};
 use crate::profile::Profile;
@@ -107,17 +110,23 @@ impl Session {
         values: TVec<TValue>,
         shapes: &[(DatumType, Vec<usize>)],
         profile: bool,
+        store: Option<&Arc<KvStore>>,
     ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
         self.check_memory(&plan, shapes)?;
         let retry = key.is_symbolic().then(|| values.clone());
-        match self.execute(&plan, values, profile) {
+        let lengths = store.map(|s| s.lengths());
+        match self.execute(&plan, values, profile, store) {
             Ok(outputs) => Ok(outputs),
             Err(e) if retry.is_some() => {
                 self.refuse(&key, format!("{e:#}"));
+                // the nodes that ran before the failure appended their rows: undone
+                if let (Some(store), Some(lengths)) = (store, &lengths) {
+                    store.rewind(lengths);
+                }
                 let concrete = PlanKey::concrete(shapes).with_branch(key.branch);
                 let plan = self.build_plan(&concrete)?;
                 self.check_memory(&plan, shapes)?;
-                self.execute(&plan, retry.unwrap_or_default(), profile)
+                self.execute(&plan, retry.unwrap_or_default(), profile, store)
             }
             Err(e) => Err(e),
         }
@@ -135,6 +144,7 @@ impl Session {
         plan: &Plan,
         values: TVec<TValue>,
         profile: bool,
+        store: Option<&Arc<KvStore>>,
     ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
         let mut times: Vec<(usize, std::time::Duration)> = Vec::new();
         // The caller's quantization pins go along to the thread that evaluates the plan.
@@ -142,7 +152,7 @@ impl Session {
         let outputs = self.threads.install(|| {
             crate::quant_pins::scoped(pins, || {
                 guarded(&self.what, || {
-                    plan.run(values, |node, took| {
+                    plan.run(values, store, |node, took| {
                         if profile {
                             times.push((node.id, took));
                         }

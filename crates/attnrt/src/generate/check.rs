@@ -13,7 +13,9 @@
 
 use anyhow::{Context, Result};
 use attnrt_runtime::quant_pins::{PinReport, QuantPins};
-use attnrt_runtime::{Session, Tensor};
+use std::sync::Arc;
+
+use attnrt_runtime::{KvStore, NamedTensor, Session, Tensor};
 use serde::Serialize;
 
 use super::generation::choose;
@@ -49,9 +51,42 @@ pub(super) struct Ours<'a> {
     pub tokens: &'a [Option<i64>],
     pub seen: &'a [Option<Vec<i64>>],
     pub samplers: Vec<Sampler>,
+    /// Whether the fused steps keep their cache in place.
+    pub in_place: bool,
 }
 
 impl Generator {
+    /// The reference's step `inputs` (its cache tensors among them) run on the fused session:
+    /// with the in-place cache, the cache tensors move into a store of their own and stand-ins
+    /// take their place (the plan of the fused steps serves it).
+    fn run_fused_on(
+        &self,
+        mut inputs: Vec<NamedTensor>,
+        prompt: bool,
+        in_place: bool,
+    ) -> Result<Vec<NamedTensor>> {
+        let owners = match &self.in_place {
+            Ok(owners) if in_place => owners,
+            _ => return self.run_on(&self.session, inputs, prompt, None),
+        };
+        let store = Arc::new(KvStore::new(1));
+        for o in owners.iter() {
+            let find = |name: &str| -> Result<&Tensor> {
+                let t = inputs.iter().find(|t| t.name == name);
+                t.map(|t| &t.tensor)
+                    .with_context(|| format!("no cache input '{name}'"))
+            };
+            store.fill(&o.node, find(&o.key)?, find(&o.value)?)?;
+        }
+        let is_cache = |name: &str| self.signature.cache.iter().any(|c| c.past == name);
+        for t in inputs.iter_mut().filter(|t| is_cache(&t.name)) {
+            let mut shape = t.tensor.shape().to_vec();
+            shape[3] = 0;
+            t.tensor = Tensor::zero_dt(t.tensor.datum_type(), &shape)?;
+        }
+        self.run_on(&self.session, inputs, prompt, Some(&store))
+    }
+
     /// Runs the reference on its step inputs `t` (moving its cache forward) and compares it
     /// with `ours` under `tol` (see the module docs).
     pub(super) fn check_step(
@@ -77,7 +112,7 @@ impl Generator {
         let mut pinned = None;
         if !ok && recorder.recorded() > 0 {
             let pins = QuantPins::replayer(&recorder, tol.atol as f32, tol.rtol as f32);
-            let outputs = pins.during(|| self.run_on(&self.session, kept, prompt))?;
+            let outputs = pins.during(|| self.run_fused_on(kept, prompt, ours.in_place))?;
             let again = outputs
                 .into_iter()
                 .find(|o| o.name == *name)

@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use super::sampling::Sampler;
 use super::step::StepInputs;
-use super::{ContextLimit, GenerationOptions, RowReport, StepReport, StopReason};
+use super::{ContextLimit, GenerationOptions, KvCacheReport, RowReport, StepReport, StopReason};
 
 /// A generation between two steps (see the module docs).
 pub struct Generation {
@@ -28,6 +28,10 @@ pub struct Generation {
     pub(super) decode_plan: Option<std::thread::JoinHandle<()>>,
     /// An encoder–decoder's encoder run, in milliseconds.
     pub(super) encoder_ms: Option<f64>,
+    /// How its key/value cache is kept.
+    pub(super) kv_cache: KvCacheReport,
+    /// The last step's logits at its last position, per row (as f32).
+    pub(super) last_logits: Vec<Vec<f32>>,
 }
 
 impl Generation {
@@ -71,6 +75,17 @@ impl Generation {
         if self.rows.all_finished() && self.stopped.is_none() {
             self.stopped = Some(self.rows.common_reason());
         }
+    }
+
+    /// The logits the last step chose its tokens from (its last position's, per row, as f32;
+    /// empty before the first step).
+    pub fn last_logits(&self) -> &[Vec<f32>] {
+        &self.last_logits
+    }
+
+    /// How its key/value cache is kept.
+    pub fn kv_cache(&self) -> &KvCacheReport {
+        &self.kv_cache
     }
 
     /// The steps made so far.

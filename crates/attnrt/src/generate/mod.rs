@@ -12,6 +12,11 @@
 //! where the graph allows it exactly (`last_position.rs`): the prompt's other positions never
 //! choose a token.
 //!
+//! The cache is held in place where that is exact (`kv_cache.rs`,
+//! [`GenerationOptions::kv_cache`]): the fused attention appends each step's keys and values to
+//! a store the generation owns (`attnrt_runtime::kv_store`) and the cache tensors fed back are
+//! zero-byte stand-ins carrying the length; elsewhere the presents are fed back as tensors.
+//!
 //! With a check, the original (unfused) graph runs in lockstep on its own session and its own
 //! cache; a step whose token differs, or whose logits differ beyond the tolerance, fails the
 //! check.
@@ -30,6 +35,7 @@ mod check;
 pub mod context;
 mod encoder;
 mod generation;
+mod kv_cache;
 mod last_position;
 pub mod sampling;
 mod signature;
@@ -40,7 +46,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use attnrt_onnx::ModelProto;
-use attnrt_runtime::{NamedTensor, PlanStats, Session, SessionOptions, ShapePolicy, Threads};
+use attnrt_runtime::{
+    KvStore, NamedTensor, PlanStats, Session, SessionOptions, ShapePolicy, Threads,
+};
 use serde::Serialize;
 
 use crate::harness::{OutputDiff, Tolerance};
@@ -50,6 +58,8 @@ pub use check::PinnedStep;
 pub use context::ContextLimit;
 pub use generation::Generation;
 use generation::{choose, Rows};
+use kv_cache::HeldCache;
+pub use kv_cache::{KvCacheMode, KvCacheReport};
 pub use sampling::{Sampler, SamplingOptions};
 pub use signature::{CacheSlot, DecoderSignature};
 use step::{last_logits, StepInputs};
@@ -75,6 +85,8 @@ pub struct GenerationOptions {
     /// prompt: the encoder runs once on them, before the first step. Empty for a decoder-only
     /// model.
     pub encoder_inputs: Vec<NamedTensor>,
+    /// How the key/value cache is kept (in place where that is exact, by default).
+    pub kv_cache: KvCacheMode,
 }
 
 /// Why a generation ended.
@@ -176,6 +188,8 @@ pub struct GenerationReport {
     pub context: Option<ContextLimit>,
     /// The error of the step that failed ([`StopReason::Error`]).
     pub error: Option<String>,
+    /// How the key/value cache was kept.
+    pub kv_cache: KvCacheReport,
 }
 
 /// A generation whose step failed, with what it made before (`report`, stopped by the error).
@@ -227,6 +241,9 @@ pub struct Generator {
     /// Whether the decoder's logits are computed at the last position only (`last_position.rs`),
     /// else why not.
     last_position: Result<(), String>,
+    /// The nodes that own the in-place cache's slots (its session's graph has them in store
+    /// mode), or why it cannot serve this decoder (`kv_cache.rs`).
+    in_place: Result<Arc<[kv_cache::Owner]>, String>,
 }
 
 /// A session for `model` and one for `reference` (the graph to check against) when given.
@@ -281,8 +298,10 @@ impl Generator {
         let sliced =
             last_position::logits_at_last_position(model, &signature.logits, &signature.input_ids);
         let decoder_only = signature.encoder_states.is_none() && signature.cross_cache.is_empty();
+        let base = sliced.as_ref().unwrap_or(model);
+        let in_place = kv_cache::in_place_model(base, &signature);
         let (session, reference) = sessions(
-            sliced.as_ref().unwrap_or(model),
+            in_place.as_ref().map_or(base, |p| &p.model),
             reference,
             threads,
             what,
@@ -299,6 +318,7 @@ impl Generator {
             first_step: None,
             what: what.to_string(),
             last_position: sliced.as_ref().map(|_| ()).map_err(Clone::clone),
+            in_place: in_place.map(|p| p.owners.into()),
         };
         if decoder_only {
             (generator.prompt_policy, generator.decode_policy) = generator.prepare_first_steps();
@@ -315,7 +335,12 @@ impl Generator {
     /// as before, for its own shapes, when it comes). Not for encoder–decoders (their steps'
     /// shapes follow the encoder's).
     fn prepare_first_steps(&self) -> (Option<ShapePolicy>, Option<ShapePolicy>) {
-        let Ok(prompt) = StepInputs::prefill(&self.signature, &[vec![0]], None) else {
+        // shaped as the default cache's (`KvCacheMode::InPlace`) steps are
+        let held = self.in_place.as_ref().ok().map(|owners| HeldCache {
+            store: Arc::new(KvStore::new(1)),
+            owners: Arc::clone(owners),
+        });
+        let Ok(prompt) = StepInputs::prefill(&self.signature, &[vec![0]], None, held) else {
             return (None, None);
         };
         let plannable = |shapes: &[NamedTensor], policies: Vec<ShapePolicy>| {
@@ -367,6 +392,9 @@ impl Generator {
         options: &SessionOptions,
     ) -> Result<Generator> {
         self.signature.adopt_first_step(model, what, &self.what)?;
+        self.in_place = Err(format!(
+            "the first step runs on another decoder ({what}), whose presents are tensors"
+        ));
         let sig = &self.signature;
         let sliced = last_position::logits_at_last_position(model, &sig.logits, &sig.input_ids);
         let model = sliced.as_ref().unwrap_or(model);
@@ -435,11 +463,12 @@ impl Generator {
             Some((ours, theirs, ms)) => (Some(ours), Some(theirs), Some(ms)),
             None => (None, None, None),
         };
-        let ours = StepInputs::prefill(&self.signature, &options.prompts, cross)?;
+        let (store, kv_cache) = self.kv_store_for(options, context.as_ref());
+        let ours = StepInputs::prefill(&self.signature, &options.prompts, cross, store)?;
         let theirs = self
             .reference
             .as_ref()
-            .map(|_| StepInputs::prefill(&self.signature, &options.prompts, reference_cross))
+            .map(|_| StepInputs::prefill(&self.signature, &options.prompts, reference_cross, None))
             .transpose()?;
         let stopped = (options.max_new_tokens == 0).then_some(StopReason::MaxNewTokens);
         Ok(Generation {
@@ -454,7 +483,45 @@ impl Generator {
             error: None,
             decode_plan: None,
             encoder_ms,
+            kv_cache,
+            last_logits: Vec::new(),
         })
+    }
+
+    /// The in-place cache of a generation of `options` within `context`, when it asks for one
+    /// and the decoder can use it (room for the longest prompt and the tokens to make, within
+    /// the context), and how the cache is kept.
+    fn kv_store_for(
+        &self,
+        options: &GenerationOptions,
+        context: Option<&ContextLimit>,
+    ) -> (Option<HeldCache>, KvCacheReport) {
+        let copy = |fallback| KvCacheReport {
+            mode: KvCacheMode::Copy,
+            fallback,
+        };
+        if options.kv_cache == KvCacheMode::Copy {
+            return (None, copy(None));
+        }
+        let owners = match &self.in_place {
+            Ok(owners) => Arc::clone(owners),
+            Err(why) => return (None, copy(Some(why.clone()))),
+        };
+        let longest = options.prompts.iter().map(Vec::len).max().unwrap_or(0);
+        // (a slot grows past it if need be: an open-ended generation starts with 4096 more)
+        let mut capacity = longest.saturating_add(options.max_new_tokens.min(4096));
+        if let Some(c) = context {
+            capacity = capacity.min(c.positions.max(longest));
+        }
+        let report = KvCacheReport {
+            mode: KvCacheMode::InPlace,
+            fallback: None,
+        };
+        let held = HeldCache {
+            store: Arc::new(KvStore::new(capacity)),
+            owners,
+        };
+        (Some(held), report)
     }
 
     /// Runs the encoder of an encoder–decoder on `options.encoder_inputs`: the cross inputs of
@@ -570,14 +637,17 @@ impl Generator {
         };
         let planned_before = self.planning_ms();
         let started = Instant::now();
-        let outputs = self.run_on(session, g.ours.take_tensors()?, g.steps.is_empty())?;
+        let store = g.ours.store().cloned();
+        let inputs = g.ours.take_tensors()?;
+        let outputs = self.run_on(session, inputs, g.steps.is_empty(), store.as_ref())?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
         let planning_ms = self.planning_ms() - planned_before;
         let logits = g.ours.take_outputs(&self.signature, outputs)?;
         let seen = g.rows.seen(&g.options.prompts);
         // The reference draws with the same state of the streams, so both see the same `u`.
         let twins = g.samplers.clone();
-        let tokens = choose(&mut g.samplers, &seen, &last_logits(&logits)?)?;
+        g.last_logits = last_logits(&logits)?;
+        let tokens = choose(&mut g.samplers, &seen, &g.last_logits)?;
         let check = match (g.theirs.as_mut(), reference) {
             (Some(t), Some(reference)) => {
                 let ours = check::Ours {
@@ -585,6 +655,7 @@ impl Generator {
                     tokens: &tokens,
                     seen: &seen,
                     samplers: twins,
+                    in_place: store.is_some(),
                 };
                 let tol = g.options.check.unwrap_or_default();
                 Some(self.check_step(t, reference, ours, tol)?)
@@ -606,19 +677,23 @@ impl Generator {
     /// Runs a step's `inputs` on `session`: the prefill (`prompt`) on the prompt's plan, its
     /// length symbolic, when the decoder makes its own first step and names that length; a
     /// decode step on the decode steps' plan (its batch symbolic where tract can plan that).
+    /// With `store`, the cache's attention nodes keep their keys and values there.
     fn run_on(
         &self,
         session: &Session,
         inputs: Vec<NamedTensor>,
         prompt: bool,
+        store: Option<&Arc<KvStore>>,
     ) -> Result<Vec<NamedTensor>> {
         let policy = match prompt {
             true => self.prompt_policy.as_ref(),
             false => self.decode_policy.as_ref(),
         };
-        match policy.filter(|_| self.first_step.is_none()) {
-            Some(policy) => session.run_owned_with(inputs, policy),
-            None => session.run_owned(inputs),
+        let policy = policy.filter(|_| self.first_step.is_none());
+        match (store, policy) {
+            (Some(store), policy) => session.run_owned_in(inputs, policy, store),
+            (None, Some(policy)) => session.run_owned_with(inputs, policy),
+            (None, None) => session.run_owned(inputs),
         }
     }
 
@@ -684,6 +759,7 @@ impl Generator {
             stopped,
             context: g.context.clone(),
             error: g.error.clone(),
+            kv_cache: g.kv_cache.clone(),
         }
     }
 }

@@ -1,12 +1,17 @@
 //! The inputs of one generation step and how the outputs of a step become the next inputs.
-//! The cache tensors move from one step's outputs into the next step's inputs: no copy.
+//! The cache tensors move from one step's outputs into the next step's inputs: no copy (with
+//! the in-place cache, `kv_cache.rs`, they are zero-byte stand-ins carrying the length).
 
 use anyhow::{bail, Context, Result};
-use attnrt_runtime::{NamedTensor, Tensor};
+use std::sync::Arc;
+
+use attnrt_runtime::{KvStore, NamedTensor, Tensor};
+
+use super::kv_cache::HeldCache;
 
 use super::encoder::CrossInputs;
 use super::signature::datum;
-use super::DecoderSignature;
+use super::{CacheSlot, DecoderSignature};
 
 /// The state of a generation between steps: the tokens to feed (one row per prompt, the same
 /// number in every row), the past length, each row's attention mask and positions, and the
@@ -29,6 +34,9 @@ pub struct StepInputs {
     cache_branch: Option<String>,
     /// An encoder–decoder's encoder states and cross-attention cache.
     cross: Option<CrossInputs>,
+    /// The in-place cache (`kv_cache.rs`): the cache tensors are then its zero-byte stand-ins
+    /// `[batch, heads, past, 0]`.
+    held: Option<HeldCache>,
 }
 
 /// The token a pad position holds (masked out, so any id in the vocabulary does).
@@ -49,6 +57,7 @@ impl StepInputs {
         sig: &DecoderSignature,
         prompts: &[Vec<i64>],
         cross: Option<CrossInputs>,
+        held: Option<HeldCache>,
     ) -> Result<StepInputs> {
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let ragged = prompts.iter().any(|p| p.len() != longest);
@@ -66,7 +75,10 @@ impl StepInputs {
                 let dt = datum(c.elem_type)?;
                 Ok(NamedTensor {
                     name: c.past.clone(),
-                    tensor: Tensor::zero_dt(dt, &[batch, c.heads, 0, c.head_size])?,
+                    tensor: Tensor::zero_dt(
+                        dt,
+                        &[batch, c.heads, 0, head_size(c, held.is_some())],
+                    )?,
                 })
             })
             .collect::<Result<_>>()?;
@@ -91,7 +103,13 @@ impl StepInputs {
             input_ids: sig.input_ids.clone(),
             cache_branch: sig.cache_branch.clone(),
             cross,
+            held,
         })
+    }
+
+    /// The in-place cache, when the generation keeps one.
+    pub fn store(&self) -> Option<&Arc<KvStore>> {
+        self.held.as_ref().map(|h| &h.store)
     }
 
     /// Rows in the batch.
@@ -167,8 +185,8 @@ impl StepInputs {
         let mut t = self.feeds(&ids, &ones, &ids, true)?;
         t.extend(self.cross.iter().flat_map(CrossInputs::feeds));
         for c in &sig.cache {
-            let tensor =
-                Tensor::zero_dt(datum(c.elem_type)?, &[batch, c.heads, past, c.head_size])?;
+            let shape = [batch, c.heads, past, head_size(c, self.held.is_some())];
+            let tensor = Tensor::zero_dt(datum(c.elem_type)?, &shape)?;
             t.push(NamedTensor {
                 name: c.past.clone(),
                 tensor,
@@ -185,7 +203,6 @@ impl StepInputs {
         mut outputs: Vec<NamedTensor>,
     ) -> Result<Tensor> {
         let (batch, fed) = (self.batch(), self.fed());
-        let total = self.past + fed;
         if let Some(cross) = self.cross.as_mut() {
             cross.take_presents(&sig.cross_cache, &mut outputs)?;
         }
@@ -196,22 +213,12 @@ impl StepInputs {
                 .with_context(|| format!("the model gave no output '{name}'"))?;
             Ok(outputs.swap_remove(at).tensor)
         };
-        for slot in &sig.cache {
-            let present = take(&slot.present)?;
-            let want = [batch, slot.heads, total, slot.head_size];
-            if present.shape() != want {
-                bail!(
-                    "output '{}' is {:?}, expected {want:?} (past {} + {fed} new)",
-                    slot.present,
-                    present.shape(),
-                    self.past,
-                );
-            }
-            self.cache.push(NamedTensor {
-                name: slot.past.clone(),
-                tensor: present,
-            });
-        }
+        let presents = sig
+            .cache
+            .iter()
+            .map(|slot| take(&slot.present))
+            .collect::<Result<Vec<_>>>()?;
+        self.take_cache(sig, presents)?;
         let logits = take(&sig.logits)?;
         // every position fed, or the last one only (`last_position.rs`)
         if logits.rank() != 3
@@ -228,6 +235,44 @@ impl StepInputs {
         Ok(logits)
     }
 
+    /// The presents of a step (one per cache slot) become the cache: as they are, or with the
+    /// in-place cache as its stand-ins, those made as tensors (a merged decoder's first step)
+    /// moved into the store first.
+    fn take_cache(&mut self, sig: &DecoderSignature, presents: Vec<Tensor>) -> Result<()> {
+        let (batch, fed) = (self.batch(), self.fed());
+        let total = self.past + fed;
+        let mut tensors = Vec::new();
+        let in_place = self.held.is_some();
+        for (slot, present) in sig.cache.iter().zip(presents) {
+            let want = [batch, slot.heads, total, head_size(slot, in_place)];
+            let full = [batch, slot.heads, total, slot.head_size];
+            if in_place && self.past == 0 && present.shape() == full {
+                self.cache.push(NamedTensor {
+                    name: slot.past.clone(),
+                    tensor: Tensor::zero_dt(present.datum_type(), &want)?,
+                });
+                tensors.push((slot.past.as_str(), present));
+                continue;
+            }
+            if present.shape() != want {
+                bail!(
+                    "output '{}' is {:?}, expected {want:?} (past {} + {fed} new)",
+                    slot.present,
+                    present.shape(),
+                    self.past,
+                );
+            }
+            self.cache.push(NamedTensor {
+                name: slot.past.clone(),
+                tensor: present,
+            });
+        }
+        match &self.held {
+            Some(held) if !tensors.is_empty() => held.move_in(tensors),
+            _ => Ok(()),
+        }
+    }
+
     /// Moves to the next step, which feeds one token per row (`tokens[row]`).
     pub fn advance(&mut self, tokens: &[i64]) {
         self.past += self.fed();
@@ -237,6 +282,15 @@ impl StepInputs {
             self.mask_rows[row].push(1);
             self.position_rows[row] = vec![next];
         }
+    }
+}
+
+/// The head size of `slot`'s tensors: 0 for the stand-ins of an in-place cache.
+fn head_size(slot: &CacheSlot, in_place: bool) -> usize {
+    if in_place {
+        0
+    } else {
+        slot.head_size
     }
 }
 
