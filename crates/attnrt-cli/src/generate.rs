@@ -191,6 +191,8 @@ pub fn generate(args: GenerateArgs) -> Result<ExitCode> {
     let threads = threads(args.threads)?;
     let (generator, fusion) = open(&args, &name, &threads)?;
     let (generator, encoder) = open_encoder(&args, generator, &threads)?;
+    // The weights are packed: the steps' activations come in base pages (memory.rs).
+    crate::memory::small_pages_from_now();
     let blocks = fusion.as_ref().map_or(0, |f| f.blocks.len());
     let mut prompts = prompts(&args, tokenizer.as_ref(), generator.signature().vocab)?;
     let encoder_rows = encoder

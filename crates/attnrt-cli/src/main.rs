@@ -6,6 +6,7 @@ mod bench;
 mod common;
 mod fuse;
 mod generate;
+mod memory;
 mod profile;
 mod run;
 mod stream;
@@ -80,6 +81,7 @@ fn install_panic_hook() {
 
 fn main() -> ExitCode {
     install_panic_hook();
+    memory::keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => run::run(a),
