@@ -18,21 +18,10 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use attnrt_benches::{env_list, machine_note, median, Table};
+use attnrt_benches::{env_list, machine_note, median, Table, LLAMA_125M_LAYER as LAYER};
 use attnrt_kernels::projection::{project, PackedWeight, Product};
 use attnrt_kernels::KernelSet;
 use attnrt_testkit::seeded_values;
-
-/// One layer's projections of the decoder, `(k, n)`: q, k, v, o, gate, up, down.
-const LAYER: [(usize, usize); 7] = [
-    (768, 768),
-    (768, 256),
-    (768, 256),
-    (768, 768),
-    (768, 2048),
-    (768, 2048),
-    (2048, 768),
-];
 
 fn main() -> Result<()> {
     let layers = env_list("ATTNRT_BENCH_LAYERS", &[12])?[0];

@@ -141,15 +141,7 @@ fn decode_table(tokens: &[usize], rounds: usize, threads: usize) -> Result<Optio
         "max |Δ|",
     ]);
     // One layer's projections of the decoder (q, k, v, o, gate, up, down) and its lm_head.
-    let layer = [
-        (768, 768),
-        (768, 256),
-        (768, 256),
-        (768, 768),
-        (768, 2048),
-        (768, 2048),
-        (2048, 768),
-    ];
+    let layer = attnrt_benches::LLAMA_125M_LAYER;
     for (name, shapes) in [
         ("layer", &layer[..]),
         ("lm_head", &[(768usize, 32000usize)][..]),

@@ -26,6 +26,18 @@ use attnrt_runtime::{NamedTensor, Session, SessionOptions, Tensor, Threads};
 pub use graphs::{AttentionShape, CoreLayout, EncoderShape};
 
 /// The attention shape of the benchmarks: 12 heads of 64 (`d_model` 768).
+/// One layer's projections of the 125M LLaMA-style decoder of the generation benchmarks
+/// (hidden 768, 12 query / 4 KV heads of 64, MLP 2048), `(k, n)`: q, k, v, o, gate, up, down.
+pub const LLAMA_125M_LAYER: [(usize, usize); 7] = [
+    (768, 768),
+    (768, 256),
+    (768, 256),
+    (768, 768),
+    (768, 2048),
+    (768, 2048),
+    (2048, 768),
+];
+
 pub const BERT_BASE_ATTENTION: AttentionShape = AttentionShape {
     heads: 12,
     head_dim: 64,
