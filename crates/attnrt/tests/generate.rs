@@ -784,6 +784,27 @@ fn a_past_with_another_reader_keeps_the_copy_path_with_the_reason() {
             format!("present 'present.1.key' is also read by node 'head_reader' ({reader})");
         assert!(why.contains(&needle), "{why}");
     }
+    // llama's repeated values read through a Reshape with allowzero=1: not proven, copied
+    let mut fused = fuse(&load("llama_cache_sdpa.ts.onnx"), &FusionOptions::default())
+        .unwrap()
+        .model;
+    let graph = fused.graph.as_mut().unwrap();
+    let repeat = graph
+        .node
+        .iter_mut()
+        .find(|n| n.name == "/model/model/layers.1/self_attn/Reshape_6")
+        .unwrap();
+    repeat.attribute = vec![attnrt_onnx::attr::make_int("allowzero", 1)];
+    let g = Generator::new(&fused, None, &threads, "allowzero").unwrap();
+    let report = g
+        .generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {})
+        .unwrap();
+    let why = report.kv_cache.fallback.unwrap_or_default();
+    assert!(
+        why.contains("present 'present.1.value' is also read by node")
+            && why.contains("(Unsqueeze)"),
+        "{why}"
+    );
     // unfused, no fused attention reads the cache at all
     let g = Generator::new(
         &load("llama_cache_eager.ts.onnx"),
