@@ -66,7 +66,7 @@ fn present_currents(graph: &GraphProto, sig: &DecoderSignature) -> HashMap<Strin
 }
 
 /// Rewrites each whole-shape `Shape` of a present in `currents` into the true shape (see the
-/// module docs); returns, for each rewritten shape's output, the current's head-size shape.
+/// module docs); returns the rewritten shapes' outputs (their names are kept).
 fn rewrite_shapes(graph: &mut GraphProto, currents: &HashMap<String, String>) -> HashSet<String> {
     let mut rewritten = HashSet::new();
     let mut nodes = Vec::with_capacity(graph.node.len());
