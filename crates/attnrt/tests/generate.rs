@@ -700,21 +700,54 @@ fn the_in_place_cache_gives_the_copy_paths_logits_bit_for_bit() {
             }
         }
     }
-    // (the SDPA TorchScript exports read present's head size to merge the heads: copied)
-    for expected in [
+    // (the SDPA TorchScript exports read present's head size to merge the heads, and llama's
+    // the GQA-repeated values' head size: those readers take the current key's and value's)
+    let sdpa_ts = decoders()
+        .into_iter()
+        .filter(|f| f.contains("_cache_sdpa") && f.ends_with(".ts.onnx"));
+    let expected = [
         "gpt2_cache_eager.dynamo.onnx",
         "gpt2_cache_eager.ts.onnx",
         "gpt2_cache_sdpa.dynamo.onnx",
+        "gpt2_cache_sdpa.ts.onnx",
         "llama_cache_eager.dynamo.onnx",
         "llama_cache_eager.ts.onnx",
         "llama_cache_eager.ts.qint8.onnx",
         "llama_cache_sdpa.dynamo.onnx",
-    ] {
+        "llama_cache_sdpa.ts.onnx",
+    ];
+    for expected in expected.into_iter().map(String::from).chain(sdpa_ts) {
         assert!(
-            in_place.iter().any(|f| f == expected),
+            in_place.iter().any(|f| *f == expected),
             "{expected}: {in_place:?}"
         );
     }
+}
+
+/// Why the fused `file`, with a node `reader` (a `Shape` from axis 3, or another op) of `cache`
+/// made a graph output, kept its cache as tensors.
+fn fallback_with_reader(file: &str, reader: &str, cache: &str) -> String {
+    let mut fused = fuse(&load(file), &FusionOptions::default()).unwrap().model;
+    let graph = fused.graph.as_mut().unwrap();
+    let start = attnrt_onnx::attr::make_int("start", 3);
+    graph.node.push(attnrt_onnx::NodeProto {
+        name: "head_reader".into(),
+        op_type: reader.into(),
+        input: vec![cache.into()],
+        output: vec!["head_reader_out".into()],
+        attribute: (reader == "Shape").then_some(start).into_iter().collect(),
+        ..Default::default()
+    });
+    graph.output.push(attnrt_onnx::ValueInfoProto {
+        name: "head_reader_out".into(),
+        ..Default::default()
+    });
+    let threads = Threads::new(Some(2)).unwrap();
+    let g = Generator::new(&fused, None, &threads, "with a head reader").unwrap();
+    let report = g
+        .generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {})
+        .unwrap();
+    report.kv_cache.fallback.unwrap_or_default()
 }
 
 /// Issue 26 (in-place cache): a decoder whose past is read by another node than the fused
@@ -737,27 +770,41 @@ fn a_past_with_another_reader_keeps_the_copy_path_with_the_reason() {
         "{why}"
     );
     // a Shape that reads past's head size (the stand-ins' is 0): copied
-    let mut fused = fuse(
-        &load("llama_cache_eager.ts.onnx"),
-        &FusionOptions::default(),
-    )
-    .unwrap()
-    .model;
+    let why = fallback_with_reader(
+        "llama_cache_eager.ts.onnx",
+        "Shape",
+        "past_key_values.1.value",
+    );
+    assert!(why.contains("read by node 'head_reader' (Shape)"), "{why}");
+    // an SDPA export's present: its whole shapes are rewritten, not a Shape from axis 3 or a
+    // reader of its values
+    for reader in ["Shape", "Identity"] {
+        let why = fallback_with_reader("llama_cache_sdpa.ts.onnx", reader, "present.1.key");
+        let needle =
+            format!("present 'present.1.key' is also read by node 'head_reader' ({reader})");
+        assert!(why.contains(&needle), "{why}");
+    }
+    // llama's repeated values read through a Reshape with allowzero=1: not proven, copied
+    let mut fused = fuse(&load("llama_cache_sdpa.ts.onnx"), &FusionOptions::default())
+        .unwrap()
+        .model;
     let graph = fused.graph.as_mut().unwrap();
-    graph.node.push(attnrt_onnx::NodeProto {
-        name: "head_size".into(),
-        op_type: "Shape".into(),
-        input: vec!["past_key_values.1.value".into()],
-        output: vec!["head_size_out".into()],
-        attribute: vec![attnrt_onnx::attr::make_int("start", 3)],
-        ..Default::default()
-    });
-    let g = Generator::new(&fused, None, &threads, "with a head reader").unwrap();
+    let repeat = graph
+        .node
+        .iter_mut()
+        .find(|n| n.name == "/model/model/layers.1/self_attn/Reshape_6")
+        .unwrap();
+    repeat.attribute = vec![attnrt_onnx::attr::make_int("allowzero", 1)];
+    let g = Generator::new(&fused, None, &threads, "allowzero").unwrap();
     let report = g
         .generate(&greedy(vec![vec![3, 14, 15]], 2), |_| {})
         .unwrap();
     let why = report.kv_cache.fallback.unwrap_or_default();
-    assert!(why.contains("read by node 'head_size' (Shape)"), "{why}");
+    assert!(
+        why.contains("present 'present.1.value' is also read by node")
+            && why.contains("(Unsqueeze)"),
+        "{why}"
+    );
     // unfused, no fused attention reads the cache at all
     let g = Generator::new(
         &load("llama_cache_eager.ts.onnx"),

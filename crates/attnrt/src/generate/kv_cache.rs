@@ -6,8 +6,10 @@
 //! present output is that node's `present_key`/`present_value`, read by no other node (but
 //! `Shape`s that take the batch, heads or length only: the stand-ins' last axis is 0).
 //! Those nodes are put in store mode; the presents' declared shapes are cleared (the file's
-//! head size would contradict the stand-ins'). Anything else keeps today's tensors, with the
-//! reason in the generation's report.
+//! head size would contradict the stand-ins'). Before the check, a decoder's readers of a
+//! present's head size that are provably the current key's or value's (the SDPA TorchScript
+//! exports': [`super::kv_shapes`]) are rewritten to take it from there. Anything else keeps
+//! today's tensors, with the reason in the generation's report.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -121,13 +123,15 @@ pub fn in_place_model(model: &ModelProto, sig: &DecoderSignature) -> Result<InPl
         let input = sig.cache_branch.as_deref().unwrap_or_default();
         attnrt_onnx::branch::choose_branch(m, input, v).map_err(|e| format!("{e:#}"))
     };
-    if sig.cache_branch.is_some() {
-        owners(graph_of(&branch(model, false)?)?, sig)?;
-        owners(graph_of(&branch(model, true)?)?, sig)?;
-    } else {
-        owners(graph_of(model)?, sig)?;
-    }
     let mut model = model.clone();
+    if sig.cache_branch.is_some() {
+        owners(graph_of(&branch(&model, false)?)?, sig)?;
+        owners(graph_of(&branch(&model, true)?)?, sig)?;
+    } else {
+        let graph = model.graph.as_mut().ok_or("the model has no graph")?;
+        super::kv_shapes::rewrite(graph, sig);
+        owners(graph, sig)?;
+    }
     let pasts: HashSet<&str> = sig.cache.iter().map(|s| s.past.as_str()).collect();
     let presents: HashSet<&str> = sig.cache.iter().map(|s| s.present.as_str()).collect();
     let graph = model.graph.as_mut().ok_or("the model has no graph")?;
@@ -306,24 +310,8 @@ fn collect<'g>(graph: &'g GraphProto, into: &mut Vec<&'g NodeProto>) {
 
 /// The integer constants of `graph` (initializers and `Constant` nodes), by name.
 fn constants(graph: &GraphProto) -> HashMap<&str, Vec<i64>> {
-    let mut c: HashMap<&str, Vec<i64>> = HashMap::new();
-    for t in graph
-        .initializer
-        .iter()
-        .filter(|t| t.dims.iter().product::<i64>() <= 8)
-    {
-        if let Ok(v) = attnrt_onnx::tensor::to_i64(t) {
-            c.insert(t.name.as_str(), v);
-        }
-    }
-    for n in graph.node.iter().filter(|n| n.op_type == "Constant") {
-        let value = attnrt_onnx::attr::tensor(n, "value").ok().flatten();
-        if let (Some(out), Some(Ok(v))) = (n.output.first(), value.map(attnrt_onnx::tensor::to_i64))
-        {
-            c.insert(out.as_str(), v);
-        }
-    }
-    c
+    let all = super::kv_shapes::constants(graph);
+    all.into_iter().map(|(name, (_, v))| (name, v)).collect()
 }
 
 /// Drops the declared shape of `v` (its element type stays).

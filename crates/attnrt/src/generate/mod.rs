@@ -36,6 +36,7 @@ pub mod context;
 mod encoder;
 mod generation;
 mod kv_cache;
+mod kv_shapes;
 mod last_position;
 pub mod sampling;
 mod signature;
