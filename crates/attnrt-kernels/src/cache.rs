@@ -78,22 +78,39 @@ pub fn append_rows(
     total: usize,
     offset: usize,
 ) {
-    let [_, h_n, l_n, d_n] = v.dims;
+    let [_, _, l_n, d_n] = v.dims;
+    if total == 0 || d_n == 0 || l_n == 0 {
+        return;
+    }
+    let slices = out.len() / (total * d_n);
+    if !threads.spreads_tasks(slices) {
+        return append_rows_here(v, out, total, offset);
+    }
+    assert!(offset + l_n <= total, "rows {offset}+{l_n} past {total}");
+    out.par_chunks_mut(total * d_n)
+        .enumerate()
+        .for_each(|(bh, slice)| copy_slice(v, bh, slice, offset));
+}
+
+/// [`append_rows`] on the calling thread alone, whatever pool it runs on (or none: a caller
+/// outside every pool, which must not start rayon's global one).
+pub fn append_rows_here(v: &View4, out: &mut [f32], total: usize, offset: usize) {
+    let [_, _, l_n, d_n] = v.dims;
     if total == 0 || d_n == 0 || l_n == 0 {
         return;
     }
     assert!(offset + l_n <= total, "rows {offset}+{l_n} past {total}");
-    let copy = |(bh, slice): (usize, &mut [f32])| {
-        let (b, h) = (bh / h_n, bh % h_n);
-        let dst = &mut slice[offset * d_n..(offset + l_n) * d_n];
-        copy_head(v, b, h, dst);
-    };
-    let slices = out.len() / (total * d_n);
-    if threads.spreads_tasks(slices) {
-        out.par_chunks_mut(total * d_n).enumerate().for_each(copy);
-    } else {
-        out.chunks_mut(total * d_n).enumerate().for_each(copy);
-    }
+    out.chunks_mut(total * d_n)
+        .enumerate()
+        .for_each(|(bh, slice)| copy_slice(v, bh, slice, offset));
+}
+
+/// The rows of `(batch, head)` slice `bh` of `v` into rows `offset..` of `slice` (one
+/// `[total, D]` slice of the destination).
+fn copy_slice(v: &View4, bh: usize, slice: &mut [f32], offset: usize) {
+    let [_, h_n, l_n, d_n] = v.dims;
+    let dst = &mut slice[offset * d_n..(offset + l_n) * d_n];
+    copy_head(v, bh / h_n, bh % h_n, dst);
 }
 
 /// Rows `0..L` of `(b, h)` of `v` into `dst` (`L·D` dense elements).

@@ -70,7 +70,7 @@ mod testing;
 mod threads;
 mod view;
 
-pub use cache::{append_rows, CacheAppend};
+pub use cache::{append_rows, append_rows_here, CacheAppend};
 pub use decode::{DecodeKernel, DecodeLanes, Route};
 pub use dispatch::{attention, attention_appending};
 pub use error::KernelError;

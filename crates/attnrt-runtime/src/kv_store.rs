@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use attnrt_kernels::View4;
+use attnrt_kernels::{append_rows, append_rows_here, ThreadPolicy, View4};
 use tract_onnx::prelude::Tensor;
 
 /// What a store refuses.
@@ -110,7 +110,14 @@ impl KvStore {
         let (k, v) = (key.cast_to::<f32>()?, value.cast_to::<f32>()?);
         let slot = self.slot(node);
         let mut slot = lock(&slot);
-        slot.append(node, 0, self.capacity, &tensor_view(&k)?, &tensor_view(&v)?)?;
+        slot.append(
+            node,
+            0,
+            self.capacity,
+            &tensor_view(&k)?,
+            &tensor_view(&v)?,
+            None,
+        )?;
         Ok(())
     }
 
@@ -163,6 +170,8 @@ impl KvSlot {
     /// Appends a step's keys `[B, Hkv, L, D]` and values `[B, Hkv, L, Dv]` at positions
     /// `past..past + L` of `node`'s slot: `past` must be the length held. A slot holding
     /// nothing takes the step's geometry, with room for `capacity` positions (or `past + L`).
+    /// The rows are copied on the current pool by `threads`, or on the calling thread alone
+    /// without (a caller outside the session's pool).
     pub fn append(
         &mut self,
         node: &str,
@@ -170,6 +179,7 @@ impl KvSlot {
         capacity: usize,
         k: &View4<f32>,
         v: &View4<f32>,
+        threads: Option<&ThreadPolicy>,
     ) -> Result<(), KvStoreError> {
         if self.len != past {
             return Err(KvStoreError::Stale {
@@ -196,8 +206,12 @@ impl KvSlot {
             self.geometry = step;
         }
         self.reserve((past + rows).max(capacity));
-        write_rows(&mut self.k, k, self.capacity, past);
-        write_rows(&mut self.v, v, self.capacity, past);
+        for (buffer, rows) in [(&mut self.k, k), (&mut self.v, v)] {
+            match threads {
+                Some(threads) => append_rows(threads, rows, buffer, self.capacity, past),
+                None => append_rows_here(rows, buffer, self.capacity, past),
+            }
+        }
         self.len = past + rows;
         Ok(())
     }
@@ -254,29 +268,6 @@ fn tensor_view(t: &Tensor) -> anyhow::Result<View4<'_, f32>> {
     )?)
 }
 
-/// Writes `rows`' `[B, H, L, d]` elements at positions `at..at + L` of `buffer`, laid out
-/// `[B, H, capacity, d]`.
-fn write_rows(buffer: &mut [f32], rows: &View4<f32>, capacity: usize, at: usize) {
-    let [batch, heads, len, d] = rows.dims;
-    let s = rows.strides;
-    for b in 0..batch {
-        for h in 0..heads {
-            let base = ((b * heads + h) * capacity + at) * d;
-            for t in 0..len {
-                let dst = &mut buffer[base + t * d..][..d];
-                let src = b as isize * s[0] + h as isize * s[1] + t as isize * s[2];
-                if s[3] == 1 {
-                    dst.copy_from_slice(&rows.data[src as usize..][..d]);
-                } else {
-                    for (i, x) in dst.iter_mut().enumerate() {
-                        *x = rows.data[(src + i as isize * s[3]) as usize];
-                    }
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,8 +286,8 @@ mod tests {
         let (a, b) = (rows(2, 3, 2, 4, 0.0), rows(2, 3, 1, 4, 1000.0));
         let va = View4::contiguous(&a[..], [2, 3, 2, 4]).unwrap();
         let vb = View4::contiguous(&b[..], [2, 3, 1, 4]).unwrap();
-        slot.append("n", 0, 2, &va, &va).unwrap();
-        slot.append("n", 2, 2, &vb, &vb).unwrap(); // beyond the capacity: grows
+        slot.append("n", 0, 2, &va, &va, None).unwrap();
+        slot.append("n", 2, 2, &vb, &vb, None).unwrap(); // beyond the capacity: grows
         let (k, _) = slot.views().unwrap();
         assert_eq!(k.dims, [2, 3, 3, 4]);
         for bh in 0..6 {
@@ -323,9 +314,9 @@ mod tests {
         let a = rows(1, 2, 3, 4, 0.0);
         let va = View4::contiguous(&a[..], [1, 2, 3, 4]).unwrap();
         let slot = store.slot("n");
-        lock(&slot).append("n", 0, 8, &va, &va).unwrap();
+        lock(&slot).append("n", 0, 8, &va, &va, None).unwrap();
         let before = store.lengths();
-        let err = lock(&slot).append("n", 2, 8, &va, &va).unwrap_err();
+        let err = lock(&slot).append("n", 2, 8, &va, &va, None).unwrap_err();
         assert_eq!(
             err,
             KvStoreError::Stale {
@@ -337,10 +328,10 @@ mod tests {
         assert!(err.to_string().contains("node 'n' holds 3 position(s)"));
         let wide = View4::contiguous(&a[..], [1, 1, 3, 8]).unwrap();
         assert!(matches!(
-            lock(&slot).append("n", 3, 8, &wide, &wide),
+            lock(&slot).append("n", 3, 8, &wide, &wide, None),
             Err(KvStoreError::Geometry { .. })
         ));
-        lock(&slot).append("n", 3, 8, &va, &va).unwrap();
+        lock(&slot).append("n", 3, 8, &va, &va, None).unwrap();
         assert_eq!(lock(&slot).len(), 6);
         store.rewind(&before);
         assert_eq!(lock(&slot).len(), 3);

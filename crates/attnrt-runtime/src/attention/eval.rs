@@ -97,7 +97,8 @@ fn eval_in_store(
     let [batch, q_heads, q_len, head] = qv.dims;
     let slot = store.slot(&op.node);
     let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
-    slot.append(&op.node, past_len, store.capacity(), &kv, &vv)?;
+    let threads = Some(kernels.threads());
+    slot.append(&op.node, past_len, store.capacity(), &kv, &vv, threads)?;
     let (k_view, v_view) = slot.views()?;
     let total = k_view.dims[2];
     let additive = additive_mask(op, inputs)?;
