@@ -126,21 +126,21 @@ pub fn in_place_model(model: &ModelProto, sig: &DecoderSignature) -> Result<InPl
     let mut model = model.clone();
     if sig.cache_branch.is_some() {
         owners(graph_of(&branch(&model, false)?)?, sig)?;
-        owners(graph_of(&branch(&model, true)?)?, sig)?;
     } else {
         let graph = model.graph.as_mut().ok_or("the model has no graph")?;
         super::kv_shapes::rewrite(graph, sig);
-        owners(graph, sig)?;
     }
+    // The owners of the decode steps' graph (a merged decoder's cache branch); marking them
+    // (an attribute on `Attention` nodes, the presents' declared shapes cleared) changes
+    // nothing `owners` reads, so they are found once, on the marked model.
     let pasts: HashSet<&str> = sig.cache.iter().map(|s| s.past.as_str()).collect();
     let presents: HashSet<&str> = sig.cache.iter().map(|s| s.present.as_str()).collect();
     let graph = model.graph.as_mut().ok_or("the model has no graph")?;
     mark(graph, &pasts, &presents);
-    let decode = match sig.cache_branch {
-        Some(_) => branch(&model, true)?,
-        None => model.clone(),
+    let owners = match sig.cache_branch {
+        Some(_) => owners(graph_of(&branch(&model, true)?)?, sig)?,
+        None => owners(graph_of(&model)?, sig)?,
     };
-    let owners = owners(graph_of(&decode)?, sig)?;
     Ok(InPlaceModel { model, owners })
 }
 
