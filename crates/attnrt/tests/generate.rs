@@ -717,10 +717,7 @@ fn the_in_place_cache_gives_the_copy_paths_logits_bit_for_bit() {
         "llama_cache_sdpa.ts.onnx",
     ];
     for expected in expected.into_iter().map(String::from).chain(sdpa_ts) {
-        assert!(
-            in_place.iter().any(|f| *f == expected),
-            "{expected}: {in_place:?}"
-        );
+        assert!(in_place.contains(&expected), "{expected}: {in_place:?}");
     }
 }
 
