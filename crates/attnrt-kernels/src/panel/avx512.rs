@@ -33,7 +33,11 @@ pub(super) unsafe fn product(p: &PanelProduct, y: *mut f32, y_stride: usize) {
         // The last block's stores are the final values: the activation goes there.
         let activation = if k0 + kc == p.k { p.activation } else { None };
         let next = p.panel.as_ptr().wrapping_add((k0 + kc) * PANEL);
+        // Each tile prefetches its share of the next block's lines, spread over its kc steps
+        // (one line a step for many tiles; a decode step's single tile takes four a step, a
+        // whole panel row, so that all the next block is asked for, not its first quarter).
         let share = (KC * LINES_PER_ROW).div_ceil(tiles);
+        let lines_per_step = share.div_ceil(kc);
         let mut t = 0;
         while t < p.tokens {
             let rows = MR.min(p.tokens - t);
@@ -46,6 +50,7 @@ pub(super) unsafe fn product(p: &PanelProduct, y: *mut f32, y_stride: usize) {
                 ys: y_stride,
                 prefetch: next.wrapping_add(t / MR * share * LINE),
                 prefetch_lines: share,
+                lines_per_step,
             };
             match rows {
                 6 => tile.run::<6>(p.width, p.alpha, onto, activation),
@@ -90,6 +95,8 @@ struct Tile {
     /// lines to prefetch into L2 (a hint: never dereferenced, may lie past the panel)
     prefetch: *const f32,
     prefetch_lines: usize,
+    /// lines prefetched per input feature (`prefetch_lines / kc`, rounded up)
+    lines_per_step: usize,
 }
 
 impl Tile {
@@ -105,8 +112,9 @@ impl Tile {
     ) {
         let mut acc = [[_mm512_setzero_ps(); 4]; R];
         for kk in 0..self.kc {
-            if kk < self.prefetch_lines {
-                let line = self.prefetch.wrapping_add(kk * LINE);
+            let first = kk * self.lines_per_step;
+            for l in first..(first + self.lines_per_step).min(self.prefetch_lines) {
+                let line = self.prefetch.wrapping_add(l * LINE);
                 _mm_prefetch::<_MM_HINT_T1>(line as *const i8);
             }
             let row = self.w.add(kk * PANEL);
