@@ -80,7 +80,8 @@ impl KernelSet {
         let act = ActKernel::new(isa);
         let lanes = match isa {
             // `Avx512` implies AVX2 and FMA on every CPU that has it.
-            Isa::Avx512 | Isa::Avx2 => DecodeLanes::Fma,
+            Isa::Avx512 => DecodeLanes::Avx512,
+            Isa::Avx2 => DecodeLanes::Fma,
             Isa::Scalar => DecodeLanes::Portable,
         };
         let projection = match isa {
@@ -219,7 +220,7 @@ mod tests {
         for set in [zen5, zen4, intel] {
             assert!(set.projection().epilogue());
             assert_eq!(set.standalone_act(), StandaloneAct::Caller);
-            assert_eq!(set.decode().lanes(), DecodeLanes::Fma);
+            assert_eq!(set.decode().lanes(), DecodeLanes::Avx512);
             assert_eq!(set.flash().isa(), Isa::Avx512);
         }
     }

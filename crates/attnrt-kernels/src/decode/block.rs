@@ -3,16 +3,18 @@
 //! into each row's output (register tiles of rows × 16 value columns).
 //!
 //! Written once over fixed-size lane arrays (`[f32; 8]`, `[f32; 16]`) that LLVM turns into
-//! vector registers, and instantiated twice by [`run_split`]: inside an AVX2+FMA
-//! `#[target_feature]` function (`FMA = true`: fused multiply-adds) and for the baseline target
-//! (`FMA = false`: separate multiply and add, since `mul_add` without the instruction is a
-//! library call). With `FMA` the two tiles that read K and V (`dot_tile`, `pv_rows`) and the softmax
-//! use the intrinsic versions in `super::avx2`.
+//! vector registers, and instantiated three times by [`run_split`]: inside an AVX2+FMA
+//! `#[target_feature]` function (`FMA = true`: fused multiply-adds), inside an AVX-512 one
+//! (`WIDE = true` too) and for the baseline target (`FMA = false`: separate multiply and add,
+//! since `mul_add` without the instruction is a library call). With `FMA` the two tiles that
+//! read K and V (`dot_tile`, `pv_rows`) and the softmax use the intrinsic versions in
+//! `super::avx2`; with `WIDE` the two tiles take `super::avx512`'s where the head size is a
+//! multiple of 16.
 
 // Raw pointers into validated views are passed with their strides; bundling them obscures it.
 #![allow(clippy::too_many_arguments)]
 
-use super::{Append, Plan, KB};
+use super::{Append, DecodeLanes, Plan, KB};
 use crate::flash::JobMask;
 use crate::lanes::{exp2_lanes, load, madd, madd_lanes};
 
@@ -75,9 +77,10 @@ fn unit(st: [isize; 4], append: &Option<Append>, past: impl Fn(&Append) -> [isiz
 /// sum of `2^(score − m)`, and the un-normalized output of every row).
 ///
 /// # Safety
-/// `fma` only if the CPU has AVX2 and FMA; `plan` built from validated views still borrowed.
+/// `lanes` runnable on this CPU (a `DecodeKernel`'s promise); `plan` built from validated views
+/// still borrowed.
 pub(crate) unsafe fn run_split(
-    fma: bool,
+    lanes: DecodeLanes,
     plan: &Plan,
     rows: &mut Rows,
     b: usize,
@@ -86,11 +89,13 @@ pub(crate) unsafe fn run_split(
     part: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if fma {
-        return split_fma(plan, rows, b, kvh, s, part);
+    match lanes {
+        DecodeLanes::Avx512 => return split_avx512(plan, rows, b, kvh, s, part),
+        DecodeLanes::Fma => return split_fma(plan, rows, b, kvh, s, part),
+        DecodeLanes::Portable => {}
     }
-    let _ = fma;
-    split::<false>(plan, rows, b, kvh, s, part)
+    let _ = lanes;
+    split::<false, false>(plan, rows, b, kvh, s, part)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -103,11 +108,24 @@ unsafe fn split_fma(
     s: usize,
     part: &mut [f32],
 ) {
-    split::<true>(plan, rows, b, kvh, s, part)
+    split::<true, false>(plan, rows, b, kvh, s, part)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn split_avx512(
+    plan: &Plan,
+    rows: &mut Rows,
+    b: usize,
+    kvh: usize,
+    s: usize,
+    part: &mut [f32],
+) {
+    split::<true, true>(plan, rows, b, kvh, s, part)
 }
 
 #[inline(always)]
-unsafe fn split<const FMA: bool>(
+unsafe fn split<const FMA: bool, const WIDE: bool>(
     plan: &Plan,
     rows: &mut Rows,
     b: usize,
@@ -127,14 +145,14 @@ unsafe fn split<const FMA: bool>(
         let nb = KB.min(j1 - jb);
         prefetch_rows(plan, b, kvh, jb + PREFETCH_AHEAD * KB, j1);
         block_rows(plan, rows, b, kvh, jb, nb);
-        scores::<FMA>(plan, rows, nb);
+        scores::<FMA, WIDE>(plan, rows, nb);
         for r in 0..nrows {
             let srow = &mut rows.s[r * KB..(r + 1) * KB];
             bias_row(plan, srow, b, kvh, r, jb, nb);
             let (m, l) = (&mut rows.m[r], &mut rows.l[r]);
             rows.alpha[r] = softmax_row::<FMA>(srow, m, l);
         }
-        accumulate_pv::<FMA>(plan, rows, nb);
+        accumulate_pv::<FMA, WIDE>(plan, rows, nb);
         if let Some(a) = &plan.append {
             store_block(plan, a, rows, b, kvh, jb, nb);
         }
@@ -359,26 +377,27 @@ unsafe fn row_ptr(
     dst.as_ptr()
 }
 
-/// `s[r][t] = qp[r] · K[t]` for the block, in tiles of up to 4 rows × 2 keys.
+/// `s[r][t] = qp[r] · K[t]` for the block, in tiles of up to 4 rows × 2 keys (× 4 keys with
+/// `WIDE` and a head size a multiple of 16).
 #[inline(always)]
-unsafe fn scores<const FMA: bool>(plan: &Plan, rows: &mut Rows, nb: usize) {
+unsafe fn scores<const FMA: bool, const WIDE: bool>(plan: &Plan, rows: &mut Rows, nb: usize) {
     let (nrows, d) = (plan.rows(), plan.d);
     let (qp, s) = (rows.qp.as_ptr(), rows.s.as_mut_ptr());
     let mut r = 0;
     while r < nrows {
         let (q, srow) = (qp.add(r * d), s.add(r * KB));
         match nrows - r {
-            1 => score_rows::<FMA, 1>(q, d, &rows.kptr, nb, srow),
-            2 => score_rows::<FMA, 2>(q, d, &rows.kptr, nb, srow),
-            3 => score_rows::<FMA, 3>(q, d, &rows.kptr, nb, srow),
-            _ => score_rows::<FMA, 4>(q, d, &rows.kptr, nb, srow),
+            1 => score_rows::<FMA, WIDE, 1>(q, d, &rows.kptr, nb, srow),
+            2 => score_rows::<FMA, WIDE, 2>(q, d, &rows.kptr, nb, srow),
+            3 => score_rows::<FMA, WIDE, 3>(q, d, &rows.kptr, nb, srow),
+            _ => score_rows::<FMA, WIDE, 4>(q, d, &rows.kptr, nb, srow),
         }
         r += 4;
     }
 }
 
 #[inline(always)]
-unsafe fn score_rows<const FMA: bool, const NR: usize>(
+unsafe fn score_rows<const FMA: bool, const WIDE: bool, const NR: usize>(
     q: *const f32,
     d: usize,
     k: &[*const f32; KB],
@@ -386,6 +405,14 @@ unsafe fn score_rows<const FMA: bool, const NR: usize>(
     s: *mut f32,
 ) {
     let mut t = 0;
+    #[cfg(target_arch = "x86_64")]
+    if WIDE && d.is_multiple_of(16) {
+        while t + 4 <= nb {
+            let keys = [k[t], k[t + 1], k[t + 2], k[t + 3]];
+            super::avx512::dot_tile4::<NR>(q, d, keys, s.add(t));
+            t += 4;
+        }
+    }
     while t + 2 <= nb {
         dot_tile::<FMA, NR, 2>(q, d, [k[t], k[t + 1]], s.add(t));
         t += 2;
@@ -511,7 +538,11 @@ fn softmax_row<const FMA: bool>(srow: &mut [f32], m: &mut f32, l: &mut f32) -> f
 
 /// `o[r] = α[r]·o[r] + Σₜ p[r][t]·V[t]` for every row, in tiles of up to 4 rows.
 #[inline(always)]
-unsafe fn accumulate_pv<const FMA: bool>(plan: &Plan, rows: &mut Rows, nb: usize) {
+unsafe fn accumulate_pv<const FMA: bool, const WIDE: bool>(
+    plan: &Plan,
+    rows: &mut Rows,
+    nb: usize,
+) {
     let (nrows, dv) = (plan.rows(), plan.dv);
     let mut r = 0;
     while r < nrows {
@@ -519,10 +550,10 @@ unsafe fn accumulate_pv<const FMA: bool>(plan: &Plan, rows: &mut Rows, nb: usize
         let o = rows.o.as_mut_ptr().add(r * dv);
         let alpha = rows.alpha.as_ptr().add(r);
         match nrows - r {
-            1 => pv_rows::<FMA, 1>(p, &rows.vptr, nb, alpha, o, dv),
-            2 => pv_rows::<FMA, 2>(p, &rows.vptr, nb, alpha, o, dv),
-            3 => pv_rows::<FMA, 3>(p, &rows.vptr, nb, alpha, o, dv),
-            _ => pv_rows::<FMA, 4>(p, &rows.vptr, nb, alpha, o, dv),
+            1 => pv_rows::<FMA, WIDE, 1>(p, &rows.vptr, nb, alpha, o, dv),
+            2 => pv_rows::<FMA, WIDE, 2>(p, &rows.vptr, nb, alpha, o, dv),
+            3 => pv_rows::<FMA, WIDE, 3>(p, &rows.vptr, nb, alpha, o, dv),
+            _ => pv_rows::<FMA, WIDE, 4>(p, &rows.vptr, nb, alpha, o, dv),
         }
         r += 4;
     }
@@ -532,7 +563,7 @@ unsafe fn accumulate_pv<const FMA: bool>(plan: &Plan, rows: &mut Rows, nb: usize
 /// over the block's keys, each V row loaded once for all rows; the columns past the last 16
 /// one at a time.
 #[inline(always)]
-unsafe fn pv_rows<const FMA: bool, const NR: usize>(
+unsafe fn pv_rows<const FMA: bool, const WIDE: bool, const NR: usize>(
     p: *const f32,
     v: &[*const f32; KB],
     nb: usize,
@@ -540,6 +571,10 @@ unsafe fn pv_rows<const FMA: bool, const NR: usize>(
     o: *mut f32,
     dv: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if WIDE && dv.is_multiple_of(16) {
+        return super::avx512::pv_rows::<NR>(p, v, nb, alpha, o, dv);
+    }
     #[cfg(target_arch = "x86_64")]
     if FMA {
         return super::avx2::pv_rows::<NR>(p, v, nb, alpha, o, dv);

@@ -23,6 +23,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod block;
 mod route;
 
@@ -62,16 +64,18 @@ pub struct DecodeKernel {
 /// Which build of the decode arithmetic (`block`) runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DecodeLanes {
-    /// Compiled for AVX2+FMA, with the intrinsic tiles of `decode/avx2.rs` (AVX2 and AVX-512
-    /// CPUs).
+    /// Compiled for AVX-512F (with AVX2 and FMA), with the zmm tiles of `decode/avx512.rs` for
+    /// head sizes that are a multiple of 16 and `decode/avx2.rs`'s for the rest.
+    Avx512,
+    /// Compiled for AVX2+FMA, with the intrinsic tiles of `decode/avx2.rs`.
     Fma,
     /// Compiled for the baseline target, separate multiplies and adds.
     Portable,
 }
 
 impl DecodeKernel {
-    /// The decode path on `route` with `lanes`; `Fma` only where the CPU has AVX2 and FMA (the
-    /// resolver's promise).
+    /// The decode path on `route` with `lanes`; `Fma` only where the CPU has AVX2 and FMA, and
+    /// `Avx512` only where it also has AVX-512F (the resolver's promise).
     pub(crate) fn new(route: Route, lanes: DecodeLanes) -> Self {
         DecodeKernel {
             route,
@@ -270,14 +274,13 @@ fn run_plan(lanes: DecodeLanes, plan: &Plan) {
     let part_len = plan.rows() * (plan.dv + 2);
     let tasks = plan.batch * plan.kv_heads * plan.splits;
     let mut parts = vec![0.0f32; tasks * part_len];
-    let fma = lanes == DecodeLanes::Fma;
     parts.par_chunks_mut(part_len).enumerate().for_each_init(
         || Rows::new(plan),
         |rows, (t, part)| {
             let (bh, s) = (t / plan.splits, t % plan.splits);
             let (b, kvh) = (bh / plan.kv_heads, bh % plan.kv_heads);
-            // SAFETY: `Fma` lanes only where the CPU has AVX2 and FMA (a `DecodeKernel`'s promise).
-            unsafe { block::run_split(fma, plan, rows, b, kvh, s, part) };
+            // SAFETY: lanes only where the CPU runs them (a `DecodeKernel`'s promise).
+            unsafe { block::run_split(lanes, plan, rows, b, kvh, s, part) };
         },
     );
     merge(plan, &parts);
