@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use attnrt_onnx::{GraphProto, NodeProto, TensorProto};
+use attnrt_onnx::{GraphProto, NodeProto, TensorProto, ValueInfoProto};
 
 /// The index. Indices are positions in `graph.node`, and for the nodes of subgraphs (in an
 /// index [`with_subgraphs`](GraphIndex::with_subgraphs)) positions after them.
@@ -35,18 +35,16 @@ impl<'a> GraphIndex<'a> {
     }
 
     fn build(graph: &'a GraphProto, subgraphs: bool) -> GraphIndex<'a> {
+        let names = |v: &'a [ValueInfoProto]| v.iter().map(|v| v.name.as_str()).collect();
+        let initializers = graph.initializer.iter().map(|t| (t.name.as_str(), t));
         let mut index = GraphIndex {
             graph,
             nodes: graph.node.iter().collect(),
             producer: HashMap::new(),
             consumers: HashMap::new(),
-            initializers: graph
-                .initializer
-                .iter()
-                .map(|t| (t.name.as_str(), t))
-                .collect(),
-            graph_outputs: graph.output.iter().map(|o| o.name.as_str()).collect(),
-            graph_inputs: graph.input.iter().map(|o| o.name.as_str()).collect(),
+            initializers: initializers.collect(),
+            graph_outputs: names(&graph.output),
+            graph_inputs: names(&graph.input),
         };
         for (i, n) in graph.node.iter().enumerate() {
             for o in n.output.iter().filter(|o| !o.is_empty()) {

@@ -49,11 +49,6 @@ impl<'a> GraphView<'a> {
         }
     }
 
-    /// The index the view is built on.
-    pub fn index(&self) -> &GraphIndex<'a> {
-        &self.index
-    }
-
     /// The model's default-domain opset.
     pub fn opset(&self) -> i64 {
         self.opset

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 
 use attnrt_fusion::graph::GraphIndex;
 use attnrt_onnx::opset::is_default_domain;
-use attnrt_onnx::ModelProto;
+use attnrt_onnx::{ModelProto, NodeProto};
 use serde::Serialize;
 
 /// How many positions (prompt and generated tokens together) a generation may use.
@@ -57,21 +57,16 @@ const KEEP_VALUES: [&str; 8] = [
 pub fn position_table(model: &ModelProto, position_ids: Option<&str>) -> Option<ContextLimit> {
     let graph = model.graph.as_ref()?;
     let index = GraphIndex::new(graph);
-    let rows = |table: &str| {
+    let onnx = |n: &NodeProto| is_default_domain(&n.domain);
+    let rows = |table: &str| match index.constant(table)?.dims[..] {
         // (a `Constant` of another domain is not ONNX's)
-        let custom = index.constant_node(table);
-        if custom.is_some_and(|n| !is_default_domain(&n.domain)) {
-            return None;
-        }
-        match index.constant(table)?.dims[..] {
-            [rows, _] => usize::try_from(rows).ok(),
-            _ => None,
-        }
+        [rows, _] if index.constant_node(table).is_none_or(onnx) => usize::try_from(rows).ok(),
+        _ => None,
     };
     graph
         .node
         .iter()
-        .filter(|n| n.op_type == "Gather" && is_default_domain(&n.domain))
+        .filter(|n| n.op_type == "Gather" && onnx(n))
         .filter(|n| matches!(attnrt_onnx::attr::int(n, "axis"), Ok(None | Some(0 | -2))))
         .filter_map(|n| {
             let table = n.input.first()?;
