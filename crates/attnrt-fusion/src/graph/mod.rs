@@ -3,32 +3,30 @@
 //! the static facts about shapes, element types and small values that `infer` finds by a
 //! symbolic forward pass.
 //!
+//! - [`index`]: producers, consumers and constants ([`GraphIndex`]), with no inference;
 //! - [`dim`]: symbolic dimensions ([`Dim`]) and shape arithmetic;
 //! - [`value`]: small values known before run time ([`Value`]);
 //! - `infer`: the forward pass, one small function per op family;
 //! - [`skip`]: the nodes that are the identity at inference, which the rules look through.
 
 pub mod dim;
+pub mod index;
 mod infer;
 pub mod skip;
 pub mod value;
 
-use std::collections::{HashMap, HashSet};
-
 use attnrt_onnx::{GraphProto, NodeProto, TensorProto};
 
 pub use dim::{broadcast, product, shape_str, Dim};
+pub use index::GraphIndex;
 pub use value::{tensor_value, tensor_value_limited, Value};
 
-/// The view. Indices are positions in `graph.node`.
+/// The view: a [`GraphIndex`] and the forward pass's facts. Indices are positions in
+/// `graph.node`.
 pub struct GraphView<'a> {
     /// The graph viewed.
     pub graph: &'a GraphProto,
-    producer: HashMap<&'a str, usize>,
-    consumers: HashMap<&'a str, Vec<usize>>,
-    initializers: HashMap<&'a str, &'a TensorProto>,
-    graph_outputs: HashSet<&'a str>,
-    graph_inputs: HashSet<&'a str>,
+    index: GraphIndex<'a>,
     opset: i64,
     facts: infer::Facts,
 }
@@ -37,32 +35,17 @@ impl<'a> GraphView<'a> {
     /// Builds the view of `graph` (of a model whose default-domain opset is `opset`) and runs
     /// the symbolic forward pass over `order` (a topological order).
     pub fn new(graph: &'a GraphProto, order: &[usize], opset: i64) -> GraphView<'a> {
-        let mut producer = HashMap::new();
-        let mut consumers: HashMap<&str, Vec<usize>> = HashMap::new();
-        for (i, n) in graph.node.iter().enumerate() {
-            for o in n.output.iter().filter(|o| !o.is_empty()) {
-                producer.insert(o.as_str(), i);
-            }
-            for inp in n.input.iter().filter(|o| !o.is_empty()) {
-                let c = consumers.entry(inp.as_str()).or_default();
-                if c.last() != Some(&i) {
-                    c.push(i);
-                }
-            }
-        }
+        GraphView::from_index(GraphIndex::new(graph), order, opset)
+    }
+
+    /// The view of the graph of `index` (built by [`GraphIndex::new`]): the forward pass over
+    /// `order`, as [`GraphView::new`].
+    pub fn from_index(index: GraphIndex<'a>, order: &[usize], opset: i64) -> GraphView<'a> {
         GraphView {
-            graph,
-            producer,
-            consumers,
-            initializers: graph
-                .initializer
-                .iter()
-                .map(|t| (t.name.as_str(), t))
-                .collect(),
-            graph_outputs: graph.output.iter().map(|o| o.name.as_str()).collect(),
-            graph_inputs: graph.input.iter().map(|o| o.name.as_str()).collect(),
+            graph: index.graph,
+            facts: infer::infer(index.graph, order),
+            index,
             opset,
-            facts: infer::infer(graph, order),
         }
     }
 
@@ -73,32 +56,32 @@ impl<'a> GraphView<'a> {
 
     /// The node at `idx`.
     pub fn node(&self, idx: usize) -> &'a NodeProto {
-        &self.graph.node[idx]
+        self.index.node(idx)
     }
 
     /// The index of the node producing `tensor`.
     pub fn producer(&self, tensor: &str) -> Option<usize> {
-        self.producer.get(tensor).copied()
+        self.index.producer(tensor)
     }
 
     /// The nodes reading `tensor` (each once, in graph order).
     pub fn consumers(&self, tensor: &str) -> &[usize] {
-        self.consumers.get(tensor).map(Vec::as_slice).unwrap_or(&[])
+        self.index.consumers(tensor)
     }
 
     /// Whether `tensor` is a graph output.
     pub fn is_graph_output(&self, tensor: &str) -> bool {
-        self.graph_outputs.contains(tensor)
+        self.index.is_graph_output(tensor)
     }
 
     /// Whether `tensor` is a graph input that is not also an initializer.
     pub fn is_graph_input(&self, tensor: &str) -> bool {
-        self.graph_inputs.contains(tensor) && !self.initializers.contains_key(tensor)
+        self.index.is_graph_input(tensor)
     }
 
     /// The initializer called `tensor`.
     pub fn initializer(&self, tensor: &str) -> Option<&'a TensorProto> {
-        self.initializers.get(tensor).copied()
+        self.index.initializer(tensor)
     }
 
     /// The static shape facts known for `tensor`.
@@ -124,12 +107,6 @@ impl<'a> GraphView<'a> {
     /// Whether `tensor`'s value is fixed in the model file (initializer or a `Constant` node),
     /// as opposed to computed from run-time shapes.
     pub fn is_constant(&self, tensor: &str) -> bool {
-        if self.initializers.contains_key(tensor) && !self.graph_inputs.contains(tensor) {
-            return true;
-        }
-        matches!(
-            self.producer(tensor).map(|p| self.node(p).op_type.as_str()),
-            Some("Constant")
-        )
+        self.index.is_constant(tensor)
     }
 }

@@ -6,8 +6,9 @@
 //! it made. A model whose positions are computed (LLaMA's rotary `inv_freq`) has no table and no
 //! limit read here.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
+use attnrt_fusion::graph::GraphIndex;
 use attnrt_onnx::opset::is_default_domain;
 use attnrt_onnx::{ModelProto, NodeProto};
 use serde::Serialize;
@@ -55,37 +56,23 @@ const KEEP_VALUES: [&str; 8] = [
 /// which reaches neither.
 pub fn position_table(model: &ModelProto, position_ids: Option<&str>) -> Option<ContextLimit> {
     let graph = model.graph.as_ref()?;
-    let mut tables: HashMap<&str, usize> = HashMap::new();
-    for t in &graph.initializer {
-        if let [rows, _] = t.dims[..] {
-            tables.insert(t.name.as_str(), usize::try_from(rows).ok()?);
-        }
-    }
-    let mut producer: HashMap<&str, &NodeProto> = HashMap::new();
-    for n in &graph.node {
-        for o in &n.output {
-            producer.insert(o.as_str(), n);
-        }
-        if n.op_type == "Constant" && is_default_domain(&n.domain) {
-            let value = n.attribute.iter().find(|a| a.name == "value");
-            if let (Some(out), Some([rows, _])) = (
-                n.output.first(),
-                value.and_then(|a| a.t.as_ref()).map(|t| &t.dims[..]),
-            ) {
-                tables.insert(out.as_str(), usize::try_from(*rows).ok()?);
-            }
-        }
-    }
+    let index = GraphIndex::new(graph);
+    let onnx = |n: &NodeProto| is_default_domain(&n.domain);
+    let rows = |table: &str| match index.constant(table)?.dims[..] {
+        // (a `Constant` of another domain is not ONNX's)
+        [rows, _] if index.constant_node(table).is_none_or(onnx) => usize::try_from(rows).ok(),
+        _ => None,
+    };
     graph
         .node
         .iter()
-        .filter(|n| n.op_type == "Gather" && is_default_domain(&n.domain))
+        .filter(|n| n.op_type == "Gather" && onnx(n))
         .filter(|n| matches!(attnrt_onnx::attr::int(n, "axis"), Ok(None | Some(0 | -2))))
         .filter_map(|n| {
             let table = n.input.first()?;
-            let rows = *tables.get(table.as_str())?;
+            let rows = rows(table)?;
             let indices = n.input.get(1)?;
-            is_position(indices, position_ids, &producer).then(|| (rows, table.clone()))
+            is_position(indices, position_ids, &index).then(|| (rows, table.clone()))
         })
         .filter(|(rows, _)| *rows > 0)
         .min()
@@ -96,11 +83,7 @@ pub fn position_table(model: &ModelProto, position_ids: Option<&str>) -> Option<
 }
 
 /// Whether the values of `tensor` are positions (see [`position_table`]).
-fn is_position(
-    tensor: &str,
-    position_ids: Option<&str>,
-    producer: &HashMap<&str, &NodeProto>,
-) -> bool {
+fn is_position(tensor: &str, position_ids: Option<&str>, index: &GraphIndex) -> bool {
     let mut frontier = vec![tensor];
     let mut seen = HashSet::new();
     while let Some(t) = frontier.pop() {
@@ -110,7 +93,10 @@ fn is_position(
         if Some(t) == position_ids {
             return true;
         }
-        let Some(n) = producer.get(t).filter(|n| is_default_domain(&n.domain)) else {
+        let Some(n) = index
+            .producer_node(t)
+            .filter(|n| is_default_domain(&n.domain))
+        else {
             continue;
         };
         match n.op_type.as_str() {

@@ -15,6 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use anyhow::Context;
+use attnrt_fusion::graph::GraphIndex;
 use attnrt_onnx::{GraphProto, ModelProto, NodeProto};
 use attnrt_runtime::attention::semantics::KV_STORE_ATTRIBUTE;
 use attnrt_runtime::{KvStore, Tensor};
@@ -176,15 +177,8 @@ fn mark(graph: &mut GraphProto, pasts: &HashSet<&str>, presents: &HashSet<&str>)
 
 /// The `Attention` nodes that own every cache slot read in `graph` (see the module docs).
 fn owners(graph: &GraphProto, sig: &DecoderSignature) -> Result<Vec<Owner>, String> {
-    let mut readers: HashMap<&str, Vec<&NodeProto>> = HashMap::new();
-    let mut all = Vec::new();
-    collect(graph, &mut all);
-    for n in &all {
-        for i in &n.input {
-            readers.entry(i.as_str()).or_default().push(n);
-        }
-    }
-    let constants = constants(graph);
+    let index = GraphIndex::with_subgraphs(graph);
+    let readers = |t: &str| index.consumers(t).iter().map(|&r| index.node(r));
     let present_of: HashMap<&str, &str> = sig
         .cache
         .iter()
@@ -192,8 +186,8 @@ fn owners(graph: &GraphProto, sig: &DecoderSignature) -> Result<Vec<Owner>, Stri
         .collect();
     let mut owners: Vec<Owner> = Vec::new();
     for slot in &sig.cache {
-        for n in readers.get(slot.past.as_str()).into_iter().flatten() {
-            if shape_without_head(n, &readers, &constants) {
+        for n in readers(&slot.past) {
+            if shape_without_head(n, &index) {
                 continue;
             }
             owner(n, &slot.past, &present_of)?;
@@ -212,8 +206,7 @@ fn owners(graph: &GraphProto, sig: &DecoderSignature) -> Result<Vec<Owner>, Stri
         {
             continue;
         }
-        let present_readers = readers.get(slot.present.as_str()).into_iter().flatten();
-        let mut others = present_readers.filter(|n| !shape_without_head(n, &readers, &constants));
+        let mut others = readers(&slot.present).filter(|n| !shape_without_head(n, &index));
         if let Some(n) = others.next() {
             return Err(format!(
                 "present '{}' is also read by node '{}' ({})",
@@ -252,11 +245,7 @@ fn owner(n: &NodeProto, past: &str, present_of: &HashMap<&str, &str>) -> Result<
 
 /// Whether `n` is a `Shape` of a past or present that reads none of its head size: its `end` stops before the last
 /// axis, or every reader of the full shape gathers a constant axis other than the last.
-fn shape_without_head(
-    n: &NodeProto,
-    readers: &HashMap<&str, Vec<&NodeProto>>,
-    constants: &HashMap<&str, Vec<i64>>,
-) -> bool {
+fn shape_without_head(n: &NodeProto, index: &GraphIndex) -> bool {
     if n.op_type != "Shape" {
         return false;
     }
@@ -271,47 +260,27 @@ fn shape_without_head(
     }
     n.output
         .first()
-        .is_none_or(|out| head_unread(out, readers, constants, 0))
+        .is_none_or(|out| head_unread(out, index, 0))
 }
 
 /// Whether no reader of `shape` (a past's or present's shape, or a sum of it) takes its head
 /// size: each gathers a constant axis other than the last, or adds to it element by element
 /// (optimum's fusion sizes present so) with the sum's readers so.
-fn head_unread(
-    shape: &str,
-    readers: &HashMap<&str, Vec<&NodeProto>>,
-    constants: &HashMap<&str, Vec<i64>>,
-    depth: usize,
-) -> bool {
-    readers.get(shape).into_iter().flatten().all(|r| {
-        let index = r.input.get(1).and_then(|i| constants.get(i.as_str()));
+fn head_unread(shape: &str, index: &GraphIndex, depth: usize) -> bool {
+    index.consumers(shape).iter().all(|&r| {
+        let r = index.node(r);
+        let ix = r.input.get(1).and_then(|i| index.small_ints(i));
         let gathers = r.op_type == "Gather"
             && r.input.first().map(String::as_str) == Some(shape)
             && matches!(attnrt_onnx::attr::int(r, "axis"), Ok(None | Some(0)))
-            && index.is_some_and(|ix| ix.iter().all(|i| matches!(i, 0..=2 | -4..=-2)));
+            && ix.is_some_and(|(_, ix)| ix.iter().all(|i| matches!(i, 0..=2 | -4..=-2)));
         let adds = matches!(r.op_type.as_str(), "Add" | "Sub") && depth < 4;
         gathers
             || (adds
                 && r.output
                     .first()
-                    .is_some_and(|o| head_unread(o, readers, constants, depth + 1)))
+                    .is_some_and(|o| head_unread(o, index, depth + 1)))
     })
-}
-
-/// Every node of `graph` and of its subgraphs.
-fn collect<'g>(graph: &'g GraphProto, into: &mut Vec<&'g NodeProto>) {
-    for n in &graph.node {
-        into.push(n);
-        for a in &n.attribute {
-            a.g.iter().chain(&a.graphs).for_each(|g| collect(g, into));
-        }
-    }
-}
-
-/// The integer constants of `graph` (initializers and `Constant` nodes), by name.
-fn constants(graph: &GraphProto) -> HashMap<&str, Vec<i64>> {
-    let all = super::kv_shapes::constants(graph);
-    all.into_iter().map(|(name, (_, v))| (name, v)).collect()
 }
 
 /// Drops the declared shape of `v` (its element type stays).

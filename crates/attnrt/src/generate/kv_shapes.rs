@@ -18,6 +18,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use attnrt_fusion::graph::GraphIndex;
 use attnrt_onnx::attr::{int, make_int};
 use attnrt_onnx::{GraphProto, NodeProto};
 
@@ -128,18 +129,13 @@ fn node(
 /// Points the readers of `Gather(Shape(Reshape(x, s)), c)` at the head size `s` takes at `c`,
 /// where that is a head size of a rewritten shape (`shapes`).
 fn rewire_reshape_heads(graph: &mut GraphProto, shapes: &HashSet<String>) {
-    let producer: HashMap<&str, &NodeProto> = graph
+    let index = GraphIndex::new(graph);
+    let replace: HashMap<String, String> = graph
         .node
         .iter()
-        .flat_map(|n| n.output.iter().map(move |o| (o.as_str(), n)))
+        .filter(|n| n.op_type == "Gather")
+        .filter_map(|g| Some((g.output[0].clone(), reshaped_head(g, &index, shapes)?)))
         .collect();
-    let constants = constants(graph);
-    let mut replace: HashMap<String, String> = HashMap::new();
-    for g in graph.node.iter().filter(|n| n.op_type == "Gather") {
-        if let Some(head) = reshaped_head(g, &producer, &constants, shapes) {
-            replace.insert(g.output[0].clone(), head);
-        }
-    }
     for n in graph.node.iter_mut() {
         for i in n.input.iter_mut() {
             if let Some(to) = replace.get(i.as_str()) {
@@ -152,15 +148,10 @@ fn rewire_reshape_heads(graph: &mut GraphProto, shapes: &HashSet<String>) {
 /// The head size that `g` (a scalar `Gather` of one axis of a reshape's shape) equals, if
 /// proven: the reshape's shape is a `Concat` of one-element pieces whose piece at that axis is
 /// the head size of a rewritten shape (`shapes`), and a positive entry is the output's axis.
-fn reshaped_head(
-    g: &NodeProto,
-    producer: &HashMap<&str, &NodeProto>,
-    constants: &Constants,
-    shapes: &HashSet<String>,
-) -> Option<String> {
-    let by = |i: Option<&String>| i.and_then(|i| producer.get(i.as_str())).copied();
-    let scalar = |i: Option<&String>| match i.and_then(|i| constants.get(i.as_str())) {
-        Some((dims, v)) if dims.is_empty() => v.first().copied(),
+fn reshaped_head(g: &NodeProto, index: &GraphIndex, shapes: &HashSet<String>) -> Option<String> {
+    let by = |i: Option<&String>| i.and_then(|i| index.producer_node(i));
+    let scalar = |i: Option<&String>| match i.and_then(|i| index.small_ints(i)) {
+        Some(([], v)) => v.first().copied(),
         _ => None,
     };
     let axis = usize::try_from(scalar(g.input.get(1))?).ok()?;
@@ -180,7 +171,7 @@ fn reshaped_head(
         .map(|i| by(Some(i)))
         .collect::<Option<_>>()?;
     let to_axis = pieces.get(..=axis)?;
-    if !to_axis.iter().all(|n| one_element(n, producer, constants)) {
+    if !to_axis.iter().all(|n| one_element(n, index)) {
         return None;
     }
     let unsqueeze = pieces[axis];
@@ -192,15 +183,15 @@ fn reshaped_head(
 
 /// Whether `n` makes a one-element tensor: an `Unsqueeze` at axis 0 of a scalar `Gather` of a
 /// shape, or a one-element constant.
-fn one_element(n: &NodeProto, producer: &HashMap<&str, &NodeProto>, constants: &Constants) -> bool {
-    let constant = |i: Option<&String>| i.and_then(|i| constants.get(i.as_str()));
+fn one_element(n: &NodeProto, index: &GraphIndex) -> bool {
+    let constant = |i: Option<&String>| i.and_then(|i| index.small_ints(i));
     match n.op_type.as_str() {
-        "Constant" => constant(n.output.first()).is_some_and(|(dims, _)| dims == &[1]),
+        "Constant" => constant(n.output.first()).is_some_and(|(dims, _)| dims == [1]),
         "Unsqueeze" => {
             let axes = constant(n.input.get(1));
-            let data = n.input.first().and_then(|i| producer.get(i.as_str()));
-            axes.is_some_and(|(dims, v)| dims == &[1] && v == &[0])
-                && data.is_some_and(|g| scalar(g, producer, constants, 0))
+            let data = n.input.first().and_then(|i| index.producer_node(i));
+            axes.is_some_and(|(dims, v)| dims == [1] && v == [0])
+                && data.is_some_and(|g| scalar(g, index, 0))
         }
         _ => false,
     }
@@ -208,78 +199,32 @@ fn one_element(n: &NodeProto, producer: &HashMap<&str, &NodeProto>, constants: &
 
 /// Whether `n` makes a scalar: a `Gather` of one axis of a shape (a `Shape`, or a rewritten one:
 /// a `Concat` of shapes) by a scalar constant, a scalar constant, or arithmetic of scalars.
-fn scalar(
-    n: &NodeProto,
-    producer: &HashMap<&str, &NodeProto>,
-    constants: &Constants,
-    depth: usize,
-) -> bool {
-    let scalar_constant = |i: &String| {
-        constants
-            .get(i.as_str())
-            .is_some_and(|(dims, _)| dims.is_empty())
-    };
+fn scalar(n: &NodeProto, index: &GraphIndex, depth: usize) -> bool {
+    let scalar_constant = |i: &String| index.small_ints(i).is_some_and(|(dims, _)| dims.is_empty());
     if n.output.first().is_some_and(scalar_constant) {
         return true;
     }
     if matches!(n.op_type.as_str(), "Add" | "Sub" | "Mul" | "Div") {
-        let made = |i: &String| producer.get(i.as_str());
+        let made = |i: &String| index.producer_node(i);
         return depth < 4
             && n.input.len() == 2
             && n.input.iter().all(|i| {
-                scalar_constant(i)
-                    || made(i).is_some_and(|p| scalar(p, producer, constants, depth + 1))
+                scalar_constant(i) || made(i).is_some_and(|p| scalar(p, index, depth + 1))
             });
     }
-    let index = n.input.get(1).is_some_and(scalar_constant);
-    let data = n.input.first().and_then(|i| producer.get(i.as_str()));
-    let shape = |i: &String| {
-        producer
-            .get(i.as_str())
-            .is_some_and(|p| p.op_type == "Shape")
-    };
+    let by_constant = n.input.get(1).is_some_and(scalar_constant);
+    let data = n.input.first().and_then(|i| index.producer_node(i));
+    let shape = |i: &String| index.producer_node(i).is_some_and(|p| p.op_type == "Shape");
     n.op_type == "Gather"
         && matches!(int(n, "axis"), Ok(None | Some(0)))
-        && index
+        && by_constant
         && data.is_some_and(|s| {
             s.op_type == "Shape" || (s.op_type == "Concat" && s.input.iter().all(shape))
         })
 }
 
-/// Integer constants (initializers and `Constant` nodes) by name: dims and values.
-pub(super) type Constants<'g> = HashMap<&'g str, (Vec<i64>, Vec<i64>)>;
-
-/// The small integer constants of `graph` (initializers and `Constant` nodes), by name.
-pub(super) fn constants(graph: &GraphProto) -> Constants<'_> {
-    let mut c = Constants::new();
-    let small = |t: &&attnrt_onnx::TensorProto| t.dims.iter().product::<i64>() <= 8;
-    for t in graph.initializer.iter().filter(small) {
-        if let Ok(v) = attnrt_onnx::tensor::to_i64(t) {
-            c.insert(t.name.as_str(), (t.dims.clone(), v));
-        }
-    }
-    for n in graph.node.iter().filter(|n| n.op_type == "Constant") {
-        let value = attnrt_onnx::attr::tensor(n, "value")
-            .ok()
-            .flatten()
-            .filter(small);
-        if let (Some(out), Some(t)) = (n.output.first(), value) {
-            if let Ok(v) = attnrt_onnx::tensor::to_i64(t) {
-                c.insert(out.as_str(), (t.dims.clone(), v));
-            }
-        }
-    }
-    c
-}
-
 /// Drops the nodes of `graph` that no graph output needs.
 fn drop_dead(graph: &mut GraphProto) {
-    let producer: HashMap<&str, usize> = graph
-        .node
-        .iter()
-        .enumerate()
-        .flat_map(|(k, n)| n.output.iter().map(move |o| (o.as_str(), k)))
-        .collect();
     // (a subgraph may read this graph's names: then nothing is dropped)
     let nested = |n: &NodeProto| {
         n.attribute
@@ -289,10 +234,11 @@ fn drop_dead(graph: &mut GraphProto) {
     if graph.node.iter().any(nested) {
         return;
     }
+    let index = GraphIndex::new(graph);
     let mut live = vec![false; graph.node.len()];
     let mut stack: Vec<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
     while let Some(t) = stack.pop() {
-        let Some(&k) = producer.get(t) else { continue };
+        let Some(k) = index.producer(t) else { continue };
         if std::mem::replace(&mut live[k], true) {
             continue;
         }

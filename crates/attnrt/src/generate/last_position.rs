@@ -17,9 +17,9 @@
 //! every position; a merged decoder's branches) is left as it is, and the reason is kept
 //! ([`Generator::last_position_refusal`](super::Generator::last_position_refusal)).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
-use attnrt_fusion::graph::{shape_str, GraphView};
+use attnrt_fusion::graph::{shape_str, GraphIndex, GraphView};
 use attnrt_onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
 use attnrt_onnx::proto::type_proto::Value as TypeValue;
 use attnrt_onnx::tensor::from_i64;
@@ -54,8 +54,9 @@ pub fn logits_at_last_position(
     if graph.initializer.iter().any(|t| t.name.starts_with(PREFIX)) {
         return Err("the logits are already computed at the last position only".into());
     }
-    let (matmul, chain) = logits_product(graph, logits)?;
-    check_layout(graph, opset, matmul, &chain, input_ids)?;
+    let index = GraphIndex::new(graph);
+    let (matmul, chain) = logits_product(&index, logits)?;
+    check_layout(index, opset, matmul, &chain, input_ids)?;
     Ok(sliced(model, matmul, &chain, logits))
 }
 
@@ -95,38 +96,27 @@ fn sliced(model: &ModelProto, matmul: usize, chain: &HashSet<String>, logits: &s
 /// The index of the `MatMul` whose product the `logits` output is (through ops of
 /// [`PER_POSITION`]), and the values from its output to the logits; why not, when the logits
 /// are not of that form or a value of the chain is used elsewhere.
-fn logits_product(graph: &GraphProto, logits: &str) -> Result<(usize, HashSet<String>), String> {
-    let constants = constant_shapes(graph);
-    let mut producer: HashMap<&str, usize> = HashMap::new();
-    let mut uses: HashMap<&str, usize> = HashMap::new();
-    for (ix, n) in graph.node.iter().enumerate() {
-        for o in &n.output {
-            producer.insert(o, ix);
-        }
-        for i in &n.input {
-            *uses.entry(i).or_default() += 1;
-        }
-    }
-    for o in &graph.output {
-        *uses.entry(&o.name).or_default() += 1;
-    }
+fn logits_product(index: &GraphIndex, logits: &str) -> Result<(usize, HashSet<String>), String> {
     let mut value = logits;
     let mut chain = HashSet::new();
     loop {
-        if uses.get(value) != Some(&1) {
+        // (a node's readings are counted once: one that reads a value twice is refused anyway,
+        // as the chain's node for its operands or as a second reader)
+        let outputs = index.graph.output.iter().filter(|o| o.name == value);
+        if index.consumers(value).len() + outputs.count() != 1 {
             return Err(format!("'{value}' is read by more than the logits"));
         }
         chain.insert(value.to_string());
-        let ix = *producer
-            .get(value)
+        let ix = index
+            .producer(value)
             .ok_or_else(|| format!("'{value}' is not computed by a node"))?;
-        let n = &graph.node[ix];
+        let n = index.node(ix);
         let by = format!("'{value}' is made by {} '{}'", n.op_type, n.name);
         if !opset::is_default_domain(&n.domain) {
             return Err(format!("{by} of domain '{}'", n.domain));
         }
         if n.op_type == "MatMul" {
-            let weight = n.input.get(1).and_then(|w| constants.get(w.as_str()));
+            let weight = n.input.get(1).and_then(|w| constant_dims(index, w));
             return match weight {
                 Some(dims) if dims.len() == 2 => Ok((ix, chain)),
                 _ => Err(format!("{by}, whose weight is not a constant matrix")),
@@ -137,17 +127,12 @@ fn logits_product(graph: &GraphProto, logits: &str) -> Result<(usize, HashSet<St
                 "{by}, which is not known to keep each position's values apart"
             ));
         }
-        let mut varying = n
-            .input
-            .iter()
-            .filter(|i| !constants.contains_key(i.as_str()));
+        let mut varying = n.input.iter().filter(|i| constant_dims(index, i).is_none());
         let (Some(next), None) = (varying.next(), varying.next()) else {
             return Err(format!("{by} of more than one computed operand"));
         };
         let one_position = |i: &String| {
-            constants
-                .get(i.as_str())
-                .is_none_or(|dims| dims.iter().rev().skip(1).all(|&d| d == 1))
+            constant_dims(index, i).is_none_or(|dims| dims.iter().rev().skip(1).all(|&d| d == 1))
         };
         if !n.input.iter().all(one_position) {
             return Err(format!("{by} with a constant of more than one position"));
@@ -163,15 +148,15 @@ fn logits_product(graph: &GraphProto, logits: &str) -> Result<(usize, HashSet<St
 /// dims). A graph whose hidden states are `[batch·sequence, hidden]`, or sequence-major, or
 /// whose shapes cannot be shown is refused with what was found.
 fn check_layout(
-    graph: &GraphProto,
+    index: GraphIndex,
     opset: i64,
     matmul: usize,
     chain: &HashSet<String>,
     input_ids: &str,
 ) -> Result<(), String> {
-    let order = topo_order(graph).map_err(|e| e.to_string())?;
-    let view = GraphView::new(graph, &order, opset);
-    let node = &graph.node[matmul];
+    let order = topo_order(index.graph).map_err(|e| e.to_string())?;
+    let view = GraphView::from_index(index, &order, opset);
+    let node = view.node(matmul);
     let hidden = &node.input[0];
     let of = format!("'{hidden}' (the input of MatMul '{}')", node.name);
     let shape = view
@@ -208,29 +193,14 @@ fn check_layout(
     Ok(())
 }
 
-/// The dims of every constant of `graph`: its initializers and the outputs of its `Constant`
-/// nodes (a scalar or list attribute: rank 0 or 1).
-fn constant_shapes(graph: &GraphProto) -> HashMap<&str, Vec<i64>> {
-    let mut shapes: HashMap<&str, Vec<i64>> = graph
-        .initializer
-        .iter()
-        .map(|t| (t.name.as_str(), t.dims.clone()))
-        .collect();
-    for n in graph.node.iter().filter(|n| n.op_type == "Constant") {
-        let Some(out) = n.output.first() else {
-            continue;
-        };
-        let dims = match n.attribute.iter().find_map(|a| a.t.as_ref()) {
-            Some(t) => t.dims.clone(),
-            None => vec![n
-                .attribute
-                .iter()
-                .map(|a| a.floats.len() + a.ints.len())
-                .sum::<usize>() as i64],
-        };
-        shapes.insert(out.as_str(), dims);
-    }
-    shapes
+/// The dims of `tensor` when it is a constant: an initializer or the output of a `Constant`
+/// node (a scalar or list attribute: rank 0).
+fn constant_dims<'a>(index: &GraphIndex<'a>, tensor: &str) -> Option<&'a [i64]> {
+    let attribute = || index.constant_node(tensor).map(|_| &[][..]);
+    index
+        .constant(tensor)
+        .map(|t| &t.dims[..])
+        .or_else(attribute)
 }
 
 /// Declares the `logits` output's sequence axis (axis 1 of `[batch, sequence, vocab]`) as 1.
