@@ -18,7 +18,8 @@
 //! Scores and masks are in natural units (`scale` folded into the packed queries) as in the
 //! flash kernel, which adds a mask to a score with the float32 graph's rounding; the softmax
 //! takes `x − max` to base 2 and needs `2^x`. The arithmetic is written once, over fixed-size lane
-//! arrays, in [`block`]; it is compiled for AVX2+FMA and for the baseline target (the portable
+//! arrays, in [`block`]; it is compiled for AVX-512 (zmm tiles for the loops over K and V, where
+//! the head size is a multiple of 16), for AVX2+FMA and for the baseline target (the portable
 //! path), and the [`DecodeKernel`] of the session's `KernelSet` picks one ([`DecodeLanes`]).
 
 #[cfg(target_arch = "x86_64")]
