@@ -110,9 +110,10 @@ impl QuantizedWeight {
             "{zero_points} zero points for {n} columns"
         );
         let per_column = zero_points == n && n != 1;
-        let values: Vec<i16> = (0..k * n)
-            .map(|i| value(i / n, i % n, if per_column { i % n } else { 0 }))
-            .collect();
+        let mut values = Vec::with_capacity(k * n);
+        for p in 0..k {
+            values.extend((0..n).map(|j| value(p, j, if per_column { j } else { 0 })));
+        }
         let narrow = values.iter().all(|&v| i8::try_from(v).is_ok());
         let data = if narrow && kernel.is_vnni() {
             quads(&values, k, n)
@@ -189,10 +190,11 @@ impl QuantizedWeight {
 fn pairs(values: &[i16], k: usize, n: usize, narrow: bool) -> Values {
     let k_pairs = k.div_ceil(2);
     let mut data = vec![0i16; n.div_ceil(NR) * k_pairs * NR * 2];
-    for (i, &v) in values.iter().enumerate() {
-        let (p, j) = (i / n, i % n);
-        let (c, jj) = (j / NR, j % NR);
-        data[((c * k_pairs + p / 2) * NR + jj) * 2 + p % 2] = v;
+    for (p, row) in values.chunks_exact(n.max(1)).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            let (c, jj) = (j / NR, j % NR);
+            data[((c * k_pairs + p / 2) * NR + jj) * 2 + p % 2] = v;
+        }
     }
     if narrow {
         Values::Narrow(data.iter().map(|&v| v as i8).collect())
@@ -207,11 +209,12 @@ fn quads(values: &[i16], k: usize, n: usize) -> Values {
     let panels = n.div_ceil(NR).next_multiple_of(PANELS);
     let mut data = vec![0i8; panels * k_quads * NR * 4];
     let mut sums = vec![0i32; panels * NR];
-    for (i, &v) in values.iter().enumerate() {
-        let (p, j) = (i / n, i % n);
-        let (c, jj) = (j / NR, j % NR);
-        data[((c * k_quads + p / 4) * NR + jj) * 4 + p % 4] = v as i8;
-        sums[j] = sums[j].wrapping_add(i32::from(v));
+    for (p, row) in values.chunks_exact(n.max(1)).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            let (c, jj) = (j / NR, j % NR);
+            data[((c * k_quads + p / 4) * NR + jj) * 4 + p % 4] = v as i8;
+            sums[j] = sums[j].wrapping_add(i32::from(v));
+        }
     }
     Values::Quads(data, sums)
 }
