@@ -20,7 +20,7 @@
 //! **VNNI.** `vpdpbusd` sums four u8 × s8 products into each i32 lane, wrapping, without
 //! saturating: exact. It multiplies the activations' u8 codes `u` (not minus their zero point)
 //! by the narrow weight values `w' = w − zw` (i8), packed for it in quads (four rows of a
-//! column side by side, [`NR`] columns per 64 bytes), and the zero point is taken out in i32
+//! column side by side, 16 columns per 64 bytes), and the zero point is taken out in i32
 //! afterwards: `Σ_p (a − za)·w' = Σ_p u·w' − s·Σ_p w'` with `u = a − za + s` and `s` the rows'
 //! shift ([`QuantizedRows`]: `za` for uint8 activations, `za + 128` for int8 ones, moved into
 //! u8), the column sums `Σ_p w'` computed once when the weight is packed. In wrapping i32
