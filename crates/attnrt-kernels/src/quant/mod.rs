@@ -31,6 +31,7 @@
 //! CPUs). A lowered ISA (`ATTNRT_KERNEL_ISA=avx2` or `scalar`) runs that ISA's own build.
 
 mod avx2;
+mod avx512;
 mod linear;
 mod matmul;
 mod portable;

@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use super::portable::{quantize, range, scale_and_zero_point};
-use super::{avx2, Build, QuantKernel, MR};
+use super::{avx2, avx512, Build, QuantKernel, Vnni, MR};
 use crate::threads::ThreadPolicy;
 
 /// `m` rows of `k` quantized activations minus their zero point (see the module docs), with the
@@ -42,7 +42,11 @@ impl QuantizedRows {
         k: usize,
     ) -> QuantizedRows {
         assert_eq!(x.len(), m * k, "x is not {m}×{k}");
+        // The 512-bit VNNI form is chosen only on CPUs with AVX512F (and AVX2).
+        let wide = kernel.vnni == Some(Vnni::Zmm);
         let (min, max) = match kernel.build {
+            // SAFETY: as just said.
+            Build::Avx2 if wide => unsafe { avx512::range(x) },
             // SAFETY: the AVX2 build is chosen only on CPUs with AVX2.
             Build::Avx2 => unsafe { avx2::range(x) },
             Build::Portable => range(x),
@@ -59,6 +63,10 @@ impl QuantizedRows {
                 if i < m {
                     let xs = &x[i * k..(i + 1) * k];
                     match kernel.build {
+                        // SAFETY: as above.
+                        Build::Avx2 if wide => unsafe {
+                            avx512::quantize(xs, scale, zero_point, out)
+                        },
                         // SAFETY: as above.
                         Build::Avx2 => unsafe { avx2::quantize(xs, scale, zero_point, out) },
                         Build::Portable => quantize(xs, scale, zero_point, out),

@@ -176,7 +176,12 @@ fn dynamic_quantization_handles_zeros_nans_and_infinities_as_the_portable_path()
         &[1e-44, 2e-45, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
     ];
     let portable = portable();
-    for x in cases {
+    // Each case as it is (the vector builds' tails), and repeated past three 16-wide vectors.
+    let long: Vec<Vec<f32>> = cases
+        .iter()
+        .map(|x| x.iter().cycle().take(50).copied().collect())
+        .collect();
+    for x in cases.iter().copied().chain(long.iter().map(Vec::as_slice)) {
         let want =
             QuantizedRows::quantize_dynamic(&portable, &ThreadPolicy::default(), x, 1, x.len());
         for kernel in kernels() {
