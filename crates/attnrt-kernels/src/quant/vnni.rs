@@ -112,13 +112,22 @@ pub(super) unsafe fn tile_zmm(o: Operands) -> Sums {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(super) unsafe fn row_zmm(o: Operands) -> Sums {
     let mut acc = [[_mm512_setzero_si512(); PANELS]; 2];
-    for q in 0..o.k_quads {
-        // SAFETY: within the operands, as the caller vouches.
+    // Two quads per step, one into each set (an index by `q % 2` would keep the sets in memory).
+    for q in (0..o.k_quads).step_by(2) {
+        let next = q + 1 < o.k_quads;
+        // SAFETY: within the operands, as the caller vouches (quad `q + 1` only if it exists).
         unsafe {
-            let u = _mm512_set1_epi32(o.a.add(4 * q).cast::<i32>().read_unaligned());
-            for (c, acc) in acc[q % 2].iter_mut().enumerate() {
+            let u0 = _mm512_set1_epi32(o.a.add(4 * q).cast::<i32>().read_unaligned());
+            for (c, acc) in acc[0].iter_mut().enumerate() {
                 let w = _mm512_loadu_si512(o.w.add(c * o.panel_len + q * NR * 4).cast());
-                *acc = _mm512_dpbusd_epi32(*acc, u, w);
+                *acc = _mm512_dpbusd_epi32(*acc, u0, w);
+            }
+            if next {
+                let u1 = _mm512_set1_epi32(o.a.add(4 * q + 4).cast::<i32>().read_unaligned());
+                for (c, acc) in acc[1].iter_mut().enumerate() {
+                    let w = _mm512_loadu_si512(o.w.add(c * o.panel_len + (q + 1) * NR * 4).cast());
+                    *acc = _mm512_dpbusd_epi32(*acc, u1, w);
+                }
             }
         }
     }
