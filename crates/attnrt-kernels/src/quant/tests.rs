@@ -433,15 +433,14 @@ fn the_requantized_epilogue_is_quantize_linear_then_dequantize() {
     assert!(low > 0 && high > 0 && inside > 0, "{low} {high} {inside}");
 }
 
-/// Deterministic bytes for the VNNI tests.
-fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+/// Deterministic bytes for the VNNI tests (a multiplicative hash of the index and `seed`).
+fn bytes(len: usize, seed: u32) -> Vec<u8> {
     (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 24) as u8
+        .map(|i| {
+            ((i as u32)
+                .wrapping_mul(2_654_435_761)
+                .wrapping_add(seed << 20)
+                >> 13) as u8
         })
         .collect()
 }
