@@ -119,7 +119,7 @@ pub(crate) struct Cpu {
     pub best: Isa,
     /// The family of an AMD CPU (base plus extended), `None` elsewhere.
     pub amd_family: Option<u32>,
-    /// The VNNI dot products of u8 × s8 (`vpdpbusd`) it runs, widest first.
+    /// Which forms of the VNNI dot products of u8 × s8 (`vpdpbusd`) it runs.
     pub vnni: Vnni,
 }
 
