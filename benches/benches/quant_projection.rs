@@ -4,10 +4,13 @@
 //! (`attnrt_kernels::projection::project`) on the same shapes, on this process's kernel set and
 //! a pool of `ATTNRT_BENCH_THREADS` threads (default 2): BERT-base / GPT-2 small projections,
 //! tokens × k · W[k, n] for (k, n) ∈ {768×768, 768×3072, 3072×768}, bias added, weights hot.
-//! Rounds alternate which runs first; medians, the int8 run's multiply-accumulates per second,
-//! and each weight's packed bytes streamed per second (at one token, a decode step, the weight
-//! is read once per call and its bytes are the cost: int8 weights are packed as i8, float32 ones
-//! as f32).
+//! Every SIMD build of the integer product this CPU runs is timed in the same rounds
+//! (`avx2 vpmaddwd`, and where the CPU has them the VNNI builds, `vpdpbusd` on weights packed
+//! in quads; each build packs the weight its own way), the session's build marked `*`. Rounds
+//! rotate which runs first; medians, each build's multiply-accumulates per second, the AVX2
+//! build's time over the session's, and each weight's packed bytes streamed per second (at one
+//! token, a decode step, the weight is read once per call and its bytes are the cost: int8
+//! weights are packed as i8, float32 ones as f32).
 //!
 //! ```sh
 //! cargo bench -p attnrt-benches --bench quant_projection
@@ -20,7 +23,9 @@ use std::time::Instant;
 use anyhow::Result;
 use attnrt_benches::{env_list, machine_note, median, Table};
 use attnrt_kernels::projection::{project, PackedWeight, Product};
-use attnrt_kernels::quant::{quant_matmul, QuantOutput, QuantizedRows, QuantizedWeight};
+use attnrt_kernels::quant::{
+    quant_matmul, QuantKernel, QuantOutput, QuantizedRows, QuantizedWeight,
+};
 use attnrt_kernels::KernelSet;
 use attnrt_testkit::seeded_values;
 
@@ -33,37 +38,65 @@ fn main() -> Result<()> {
         .num_threads(threads)
         .build()?;
     let kernels = KernelSet::resolve()?;
+    let session = *kernels.quant();
+    let builds: Vec<QuantKernel> = QuantKernel::every_build()
+        .into_iter()
+        .filter(|b| b.is_simd() || *b == session)
+        .collect();
+    let avx2 = builds.iter().position(|b| b.is_simd() && !b.is_vnni());
+    let at = builds
+        .iter()
+        .position(|b| *b == session)
+        .expect("the session's build");
     println!(
-        "{threads} threads, {rounds} paired rounds; int8 on {}, float32 on {}",
-        kernels.quant(),
+        "{threads} threads, {rounds} rotated rounds; int8 builds {}; float32 on {}",
+        builds
+            .iter()
+            .enumerate()
+            .map(|(i, b)| format!("[{i}] {b}{}", if i == at { " *" } else { "" }))
+            .collect::<Vec<_>>()
+            .join(", "),
         kernels.projection()
     );
-    let mut table = Table::new(&[
-        "tokens × k × n",
-        "int8 ms",
-        "f32 ms",
-        "f32 / int8",
-        "int8 GMAC/s",
-        "int8 weight GB/s",
-        "f32 weight GB/s",
-    ]);
+    let mut header = vec!["tokens × k × n".to_string(), "f32 ms".to_string()];
+    for i in 0..builds.len() {
+        header.push(format!("[{i}] ms"));
+        header.push(format!("[{i}] GMAC/s"));
+    }
+    header.extend(["avx2 / *", "f32 / *", "* weight GB/s", "f32 weight GB/s"].map(String::from));
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut table = Table::new(&header);
     for &m in &lens {
         for (k, n) in [(768usize, 768usize), (768, 3072), (3072, 768)] {
             let x = seeded_values(m * k, 1);
             let bias = seeded_values(n, 2);
             let w = seeded_values(k * n, 3);
             let w_i8: Vec<i8> = w.iter().map(|v| (v * 127.0) as i8).collect();
-            let quant_w = QuantizedWeight::from_i8(&w_i8, k, n, &[0]);
+            let packed: Vec<QuantizedWeight> = builds
+                .iter()
+                .map(|b| QuantizedWeight::from_i8(b, &w_i8, k, n, &[0]))
+                .collect();
             let float_w = PackedWeight::new(&w, k, n);
             let w_scale = vec![0.01f32; n];
             let mut y = vec![0.0f32; m * n];
-            let (mut int8, mut float) = (Vec::new(), Vec::new());
+            // Contestant 0 is float32, 1.. the int8 builds.
+            let mut times = vec![Vec::new(); builds.len() + 1];
             pool.install(|| {
                 for r in 0..rounds + 1 {
-                    for quantized in [r % 2 == 0, r % 2 != 0] {
+                    for i in 0..times.len() {
+                        let c = (i + r) % times.len();
                         let t = Instant::now();
-                        if quantized {
-                            let (q, policy) = (kernels.quant(), kernels.threads());
+                        if c == 0 {
+                            let product = Product {
+                                w: &float_w,
+                                alpha: 1.0,
+                                bias: Some(&bias),
+                                activation: None,
+                            };
+                            let (p, policy) = (kernels.projection(), kernels.threads());
+                            project(p, policy, &x, &product, &mut y, m);
+                        } else {
+                            let (q, policy) = (&builds[c - 1], kernels.threads());
                             let rows = QuantizedRows::quantize_dynamic(q, policy, &x, m, k);
                             let scale: Vec<f32> =
                                 w_scale.iter().map(|s| s * rows.scale()).collect();
@@ -74,40 +107,27 @@ fn main() -> Result<()> {
                                 bias: Some(&bias),
                                 activation: None,
                             };
-                            quant_matmul(q, policy, &rows, &quant_w, out);
-                        } else {
-                            let product = Product {
-                                w: &float_w,
-                                alpha: 1.0,
-                                bias: Some(&bias),
-                                activation: None,
-                            };
-                            project(
-                                kernels.projection(),
-                                kernels.threads(),
-                                &x,
-                                &product,
-                                &mut y,
-                                m,
-                            );
+                            quant_matmul(q, policy, &rows, &packed[c - 1], out);
                         }
-                        let ms = t.elapsed().as_secs_f64() * 1e3;
                         if r > 0 {
-                            if quantized { &mut int8 } else { &mut float }.push(ms);
+                            times[c].push(t.elapsed().as_secs_f64() * 1e3);
                         }
                     }
                 }
             });
-            let (a, b) = (median(&int8), median(&float));
-            table.row(vec![
-                format!("{m} × {k} × {n}"),
-                format!("{a:.3}"),
-                format!("{b:.3}"),
-                format!("{:.2}", b / a),
-                format!("{:.1}", (m * k * n) as f64 / 1e9 / (a * 1e-3)),
-                format!("{:.1}", quant_w.bytes() as f64 / 1e9 / (a * 1e-3)),
-                format!("{:.1}", (k * n * 4) as f64 / 1e9 / (b * 1e-3)),
-            ]);
+            let ms: Vec<f64> = times.iter().map(|t| median(t)).collect();
+            let (float, int8) = (ms[0], ms[at + 1]);
+            let mut row = vec![format!("{m} × {k} × {n}"), format!("{float:.3}")];
+            for &t in &ms[1..] {
+                row.push(format!("{t:.3}"));
+                row.push(format!("{:.1}", (m * k * n) as f64 / 1e9 / (t * 1e-3)));
+            }
+            row.push(avx2.map_or("-".into(), |i| format!("{:.2}", ms[i + 1] / int8)));
+            row.push(format!("{:.2}", float / int8));
+            let bytes = packed[at].bytes() as f64;
+            row.push(format!("{:.1}", bytes / 1e9 / (int8 * 1e-3)));
+            row.push(format!("{:.1}", (k * n * 4) as f64 / 1e9 / (float * 1e-3)));
+            table.row(row);
         }
     }
     println!("{}", table.render());

@@ -119,6 +119,34 @@ pub(crate) struct Cpu {
     pub best: Isa,
     /// The family of an AMD CPU (base plus extended), `None` elsewhere.
     pub amd_family: Option<u32>,
+    /// Which forms of the VNNI dot products of u8 × s8 (`vpdpbusd`) it runs.
+    pub vnni: Vnni,
+}
+
+/// Which forms of the VNNI instructions (`vpdpbusd`: four u8 × s8 products summed into each
+/// i32 lane) a CPU runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Vnni {
+    /// AVX512_VNNI with AVX512BW: the 512-bit EVEX form.
+    pub zmm: bool,
+    /// AVX-VNNI: the 256-bit VEX form (Intel client CPUs since Alder Lake, AMD since Zen 5).
+    pub ymm: bool,
+}
+
+impl Vnni {
+    /// This CPU's.
+    fn probe() -> Vnni {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            Vnni {
+                zmm: has!("avx512f") && has!("avx512bw") && has!("avx512vnni"),
+                ymm: has!("avx2") && has!("avxvnni"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Vnni::default()
+    }
 }
 
 impl Cpu {
@@ -128,6 +156,7 @@ impl Cpu {
         *CPU.get_or_init(|| Cpu {
             best: Isa::best_available(),
             amd_family: amd_family(),
+            vnni: Vnni::probe(),
         })
     }
 }

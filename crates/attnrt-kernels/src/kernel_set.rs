@@ -108,9 +108,8 @@ impl KernelSet {
             flash: FlashKernel::new(isa, true),
             decode: DecodeKernel::new(route, lanes),
             projection,
-            // The integer projections' build (a VNNI build would be chosen here, from a CPU
-            // fact probed in `isa.rs`).
-            quant: QuantKernel::new(isa),
+            // The integer projections' build, with the CPU's VNNI form where the ISA allows it.
+            quant: QuantKernel::new(isa, cpu),
             norm: NormKernel::new(isa),
             act,
             standalone_act: if lowered {
@@ -200,9 +199,50 @@ fn panel_wins_many_tokens(cpu: &Cpu) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::isa::Vnni;
 
     fn cpu(best: Isa, amd_family: Option<u32>) -> Cpu {
-        Cpu { best, amd_family }
+        Cpu {
+            best,
+            amd_family,
+            vnni: Vnni::default(),
+        }
+    }
+
+    #[test]
+    fn vnni_runs_the_integer_product_only_on_the_isa_that_allows_it() {
+        let both = Vnni {
+            zmm: true,
+            ymm: true,
+        };
+        let zen5 = Cpu {
+            vnni: both,
+            ..cpu(Isa::Avx512, Some(0x1A))
+        };
+        let quant = |isa, cpu: &Cpu| KernelSet::choose(isa, cpu, Route::Auto).quant().to_string();
+        assert_eq!(
+            quant(Isa::Avx512, &zen5),
+            "avx512 vnni vpdpbusd (avx2 vpmaddwd for wide weights)"
+        );
+        // `ATTNRT_KERNEL_ISA=avx2` / `scalar` on it: those ISAs' own builds.
+        assert_eq!(quant(Isa::Avx2, &zen5), "avx2 vpmaddwd");
+        assert_eq!(quant(Isa::Scalar, &zen5), "portable");
+        // A CPU whose best is AVX2 with AVX-VNNI (Intel client), and one without VNNI.
+        let client = Cpu {
+            vnni: Vnni {
+                zmm: false,
+                ymm: true,
+            },
+            ..cpu(Isa::Avx2, None)
+        };
+        assert_eq!(
+            quant(Isa::Avx2, &client),
+            "avx-vnni vpdpbusd (avx2 vpmaddwd for wide weights)"
+        );
+        assert_eq!(quant(Isa::Avx512, &cpu(Isa::Avx512, None)), "avx2 vpmaddwd");
+        assert!(KernelSet::choose(Isa::Avx512, &zen5, Route::Auto)
+            .quant()
+            .is_vnni());
     }
 
     #[test]

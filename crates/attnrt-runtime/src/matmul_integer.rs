@@ -105,12 +105,13 @@ impl ConstantWeight {
         if !quantized.contains(&w.datum_type()) {
             return Ok(None);
         }
-        let weight = pack_weight(w, zero_point.as_deref(), k, n)
+        let kernels = crate::kernels::for_op()?;
+        let weight = pack_weight(&kernels, w, zero_point.as_deref(), k, n)
             .with_context(|| format!("MatMulInteger node '{}'", self.node))?;
         Ok(Some(MatMulIntegerOp {
             node: self.node.clone(),
             weight: Arc::new(weight),
-            kernels: crate::kernels::for_op()?,
+            kernels,
         }))
     }
 }

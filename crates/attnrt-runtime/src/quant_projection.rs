@@ -262,7 +262,8 @@ impl QuantProjectionOp {
         if let Some(z) = zero_point {
             per_column(z, "b_zero_point")?;
         }
-        let weight = pack_weight(w, zero_point, k, n).with_context(ctx)?;
+        let kernels = crate::kernels::for_op()?;
+        let weight = pack_weight(&kernels, w, zero_point, k, n).with_context(ctx)?;
         let scales = f32_data(scale).with_context(ctx)?;
         let w_scale = (0..n)
             .map(|j| scales[if scales.len() == n { j } else { 0 }])
@@ -280,7 +281,7 @@ impl QuantProjectionOp {
             requantize: None,
             bias,
             activation: None,
-            kernels: crate::kernels::for_op()?,
+            kernels,
         })
     }
 
@@ -305,8 +306,9 @@ impl QuantProjectionOp {
 }
 
 /// `w: [k, n]` int8 or uint8 minus its zero point (`[]`, `[1]` or `[n]` of the same type; 0 when
-/// absent), packed.
+/// absent), packed for `kernels`' integer product.
 pub(crate) fn pack_weight(
+    kernels: &KernelSet,
     w: &Tensor,
     zero_point: Option<&Tensor>,
     k: usize,
@@ -322,14 +324,26 @@ pub(crate) fn pack_weight(
                 Some(z) => z.try_as_plain_ram()?.as_slice::<i8>()?.to_vec(),
                 None => vec![0],
             };
-            Ok(QuantizedWeight::from_i8(values.as_slice::<i8>()?, k, n, &z))
+            Ok(QuantizedWeight::from_i8(
+                kernels.quant(),
+                values.as_slice::<i8>()?,
+                k,
+                n,
+                &z,
+            ))
         }
         DatumType::U8 => {
             let z = match zero_point {
                 Some(z) => z.try_as_plain_ram()?.as_slice::<u8>()?.to_vec(),
                 None => vec![0],
             };
-            Ok(QuantizedWeight::from_u8(values.as_slice::<u8>()?, k, n, &z))
+            Ok(QuantizedWeight::from_u8(
+                kernels.quant(),
+                values.as_slice::<u8>()?,
+                k,
+                n,
+                &z,
+            ))
         }
         dt => bail!("B is {dt:?}, needs int8 or uint8"),
     }

@@ -97,7 +97,6 @@ impl Requantize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::isa::Isa;
 
     fn values() -> Vec<f32> {
         let mut v: Vec<f32> = (0..203).map(|i| (i as f32 - 101.0) * 0.0375).collect();
@@ -123,8 +122,7 @@ mod tests {
     fn every_build_saturates_and_rounds_half_to_even() {
         let x = values();
         let threads = ThreadPolicy::default();
-        for isa in Isa::available() {
-            let kernel = QuantKernel::new(isa);
+        for kernel in QuantKernel::every_build() {
             for (to, zp) in [
                 (Quantized::U8, 3),
                 (Quantized::U8, 250),
@@ -134,7 +132,7 @@ mod tests {
                 quantize_linear(&kernel, &threads, &x, 0.25, zp, to, &mut out);
                 let mut want = vec![0u8; x.len()];
                 portable::quantize_linear(&x, 0.25, zp as f32, to, &mut want);
-                assert_eq!(out, want, "{isa:?} {to:?} zp {zp}");
+                assert_eq!(out, want, "{kernel} {to:?} zp {zp}");
                 let tail = &out[203..];
                 let (lo, hi) = to.bounds();
                 let byte = |v: f32| {
@@ -172,8 +170,7 @@ mod tests {
         let mut x = values();
         x.extend(crate::testing::ramp(40_000, 0.2).iter().map(|v| v * 40.0));
         let threads = ThreadPolicy::default();
-        for isa in Isa::available() {
-            let kernel = QuantKernel::new(isa);
+        for kernel in QuantKernel::every_build() {
             for (to, zp) in [(Quantized::U8, 3), (Quantized::I8, -5)] {
                 let rq = Requantize {
                     scale: 0.25,
@@ -194,7 +191,7 @@ mod tests {
                     assert_eq!(
                         y.to_bits(),
                         want.to_bits(),
-                        "{isa:?} {to:?} x[{i}] = {}",
+                        "{kernel} {to:?} x[{i}] = {}",
                         x[i]
                     );
                 }

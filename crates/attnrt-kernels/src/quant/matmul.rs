@@ -4,9 +4,11 @@
 
 use rayon::prelude::*;
 
-use super::weight::Panel;
+use super::vnni::{self, Operands};
+use super::weight::{Panel, Quads};
 use super::{
-    avx2, portable, Build, QuantKernel, QuantizedRows, QuantizedWeight, Requantize, MR, NR,
+    avx2, portable, Build, QuantKernel, QuantizedRows, QuantizedWeight, Requantize, Vnni, MR, NR,
+    PANELS,
 };
 use crate::act::{apply_rows_raw, ActKernel, Activation};
 use crate::threads::ThreadPolicy;
@@ -16,8 +18,6 @@ use crate::threads::ThreadPolicy;
 const MAX_ROWS: usize = 256;
 /// Fewest rows per task when the rows are split to make tasks (a multiple of `MR`).
 const MIN_ROWS: usize = 32;
-/// Panels (of `NR` columns) per task.
-const PANELS: usize = 4;
 /// Tasks per thread the split aims for, at least: enough that a thread the OS takes away for a
 /// while leaves its tasks to the others (BERT-base's 768 × 768 projections at 128 tokens keep
 /// main's 64-row blocks, 24 tasks; the 768 × 3072 ones take all 128 rows, 48 tasks).
@@ -104,33 +104,15 @@ pub fn quant_matmul(
     let chunks = w.panels().div_ceil(PANELS);
     let row_block = rows_per_task(m, chunks, threads.threads());
     let tasks = m.div_ceil(row_block) * chunks;
+    // A weight in quads multiplies the rows' u8 codes, made once for all tasks.
+    let quads = w.quads().map(|q| (q, a.codes()));
     let task = |t: usize| {
         let (r0, c0) = ((t / chunks) * row_block, (t % chunks) * PANELS);
         let rows = row_block.min(m - r0);
-        // A narrow panel is widened once per task for the multi-row tiles, which reuse each
-        // loaded value for MR rows; a lone row reads it narrow (its cost is the bytes).
-        let mut widened = Vec::new();
-        for c in c0..(c0 + PANELS).min(w.panels()) {
-            let panel = match w.panel(c) {
-                Panel::Narrow(p) if rows > 1 => {
-                    widen(kernel, p, &mut widened);
-                    Panel::Wide(&widened)
-                }
-                panel => panel,
-            };
-            for r in (r0..r0 + rows).step_by(MR) {
-                let acc = tile(kernel, a, r, panel, w.k_pairs());
-                let (rows, col) = (MR.min(m - r), c * NR);
-                let block = Block {
-                    r,
-                    rows,
-                    col,
-                    cols: NR.min(n - col),
-                    n,
-                };
-                // SAFETY: rows r.., columns c·NR.. of the output belong to this task alone.
-                unsafe { store(kernel, sink, &acc, block) };
-            }
+        if let Some((q, codes)) = &quads {
+            quad_task(kernel, sink, a, codes, *q, (r0, rows), c0, w);
+        } else {
+            pair_task(kernel, sink, a, w, (r0, rows), c0);
         }
         if let (Some((act_kernel, act)), Sink::Float { y, .. }) = (activation, sink) {
             let cols = (c0 * NR)..((c0 + PANELS) * NR).min(n);
@@ -145,6 +127,100 @@ pub fn quant_matmul(
         (0..tasks).into_par_iter().for_each(task);
     } else {
         (0..tasks).for_each(task);
+    }
+}
+
+/// One task of a weight in i16 or i8 pairs: `rows` rows from `r0` by panels `c0..c0 +
+/// PANELS`, stored through `sink`.
+fn pair_task(
+    kernel: &QuantKernel,
+    sink: Sink,
+    a: &QuantizedRows,
+    w: &QuantizedWeight,
+    (r0, rows): (usize, usize),
+    c0: usize,
+) {
+    let (m, n) = (a.m(), w.n());
+    // A narrow panel is widened once per task for the multi-row tiles, which reuse each
+    // loaded value for MR rows; a lone row reads it narrow (its cost is the bytes).
+    let mut widened = Vec::new();
+    for c in c0..(c0 + PANELS).min(w.panels()) {
+        let panel = match w.panel(c) {
+            Panel::Narrow(p) if rows > 1 => {
+                widen(kernel, p, &mut widened);
+                Panel::Wide(&widened)
+            }
+            panel => panel,
+        };
+        for r in (r0..r0 + rows).step_by(MR) {
+            let acc = tile(kernel, a, r, panel, w.k_pairs());
+            let (rows, col) = (MR.min(m - r), c * NR);
+            let block = Block {
+                r,
+                rows,
+                col,
+                cols: NR.min(n - col),
+                n,
+            };
+            // SAFETY: rows r.., columns c·NR.. of the output belong to this task alone.
+            unsafe { store(kernel, sink, &acc, block) };
+        }
+    }
+}
+
+/// One task of a weight in quads: `rows` rows from `r0` (of `a`, whose u8 codes are `codes`)
+/// by panels `c0..c0 + PANELS` (the weight's are padded to a multiple of `PANELS`), on the
+/// kernel's VNNI form (portable without one), stored through `sink`.
+#[allow(clippy::too_many_arguments)]
+fn quad_task(
+    kernel: &QuantKernel,
+    sink: Sink,
+    a: &QuantizedRows,
+    codes: &[u8],
+    q: Quads,
+    (r0, rows): (usize, usize),
+    c0: usize,
+    w: &QuantizedWeight,
+) {
+    let (m, n) = (a.m(), w.n());
+    let stride = 4 * q.k_quads;
+    let panel_len = q.panel_len();
+    let values = &q.values[c0 * panel_len..(c0 + PANELS) * panel_len];
+    let sums = &q.sums[c0 * NR..(c0 + PANELS) * NR];
+    for r in (r0..r0 + rows).step_by(MR) {
+        let operands = Operands {
+            a: codes[r * stride..(r + MR) * stride].as_ptr(),
+            stride,
+            w: values.as_ptr(),
+            panel_len,
+            sums: sums.as_ptr(),
+            k_quads: q.k_quads,
+            shift: a.shift(),
+        };
+        let live = MR.min(m - r);
+        // SAFETY: the operands hold MR rows of codes and PANELS panels, as sliced above; each
+        // VNNI form is chosen only on CPUs that have it.
+        let acc = unsafe {
+            match (kernel.vnni, live) {
+                (Some(Vnni::Zmm), 1) => vnni::row_zmm(operands),
+                (Some(Vnni::Zmm), _) => vnni::tile_zmm(operands),
+                (Some(Vnni::Ymm), 1) => vnni::row_ymm(operands),
+                (Some(Vnni::Ymm), _) => vnni::tile_ymm(operands),
+                (None, _) => vnni::portable(operands),
+            }
+        };
+        for (c, acc) in (c0..(c0 + PANELS).min(w.panels())).zip(&acc) {
+            let col = c * NR;
+            let block = Block {
+                r,
+                rows: live,
+                col,
+                cols: NR.min(n - col),
+                n,
+            };
+            // SAFETY: rows r.., columns c·NR.. of the output belong to this task alone.
+            unsafe { store(kernel, sink, acc, block) };
+        }
     }
 }
 

@@ -1,12 +1,13 @@
 //! The activations of an integer projection, quantized and widened: each value minus the zero
 //! point, as i16, row by row (rows padded to an even length and to a multiple of [`MR`] rows
 //! with zeros). Made by ONNX's `DynamicQuantizeLinear` ([`QuantizedRows::quantize_dynamic`]),
-//! or from activations already quantized ([`QuantizedRows::from_u8`]).
+//! or from activations already quantized ([`QuantizedRows::from_u8`]). A VNNI build multiplies
+//! u8 codes instead: each value plus the rows' shift ([`QuantizedRows::codes`]).
 
 use rayon::prelude::*;
 
 use super::portable::{quantize, range, scale_and_zero_point};
-use super::{avx2, Build, QuantKernel, MR};
+use super::{avx2, avx512, Build, QuantKernel, Vnni, MR};
 use crate::threads::ThreadPolicy;
 
 /// `m` rows of `k` quantized activations minus their zero point (see the module docs), with the
@@ -18,6 +19,9 @@ pub struct QuantizedRows {
     data: Vec<i16>,
     scale: f32,
     zero_point: i32,
+    /// What each value plus it is in `[0, 255]`: the zero point of uint8 activations, the
+    /// zero point + 128 of int8 ones.
+    shift: i32,
 }
 
 impl QuantizedRows {
@@ -38,7 +42,11 @@ impl QuantizedRows {
         k: usize,
     ) -> QuantizedRows {
         assert_eq!(x.len(), m * k, "x is not {m}×{k}");
+        // The 512-bit VNNI form is chosen only on CPUs with AVX512F (and AVX2).
+        let wide = kernel.vnni == Some(Vnni::Zmm);
         let (min, max) = match kernel.build {
+            // SAFETY: as just said.
+            Build::Avx2 if wide => unsafe { avx512::range(x) },
             // SAFETY: the AVX2 build is chosen only on CPUs with AVX2.
             Build::Avx2 => unsafe { avx2::range(x) },
             Build::Portable => range(x),
@@ -55,6 +63,10 @@ impl QuantizedRows {
                 if i < m {
                     let xs = &x[i * k..(i + 1) * k];
                     match kernel.build {
+                        // SAFETY: as above.
+                        Build::Avx2 if wide => unsafe {
+                            avx512::quantize(xs, scale, zero_point, out)
+                        },
                         // SAFETY: as above.
                         Build::Avx2 => unsafe { avx2::quantize(xs, scale, zero_point, out) },
                         Build::Portable => quantize(xs, scale, zero_point, out),
@@ -81,7 +93,7 @@ impl QuantizedRows {
     /// # Panics
     /// If `a` is not `m·k` long.
     pub fn from_u8(a: &[u8], m: usize, k: usize, zero_point: u8) -> QuantizedRows {
-        Self::widen(m, k, a, i32::from(zero_point))
+        Self::widen(m, k, a, i32::from(zero_point), 0)
     }
 
     /// [`QuantizedRows::from_u8`] for int8 activations.
@@ -89,12 +101,20 @@ impl QuantizedRows {
     /// # Panics
     /// If `a` is not `m·k` long.
     pub fn from_i8(a: &[i8], m: usize, k: usize, zero_point: i8) -> QuantizedRows {
-        Self::widen(m, k, a, i32::from(zero_point))
+        Self::widen(m, k, a, i32::from(zero_point), 128)
     }
 
-    fn widen<T: Copy + Into<i32>>(m: usize, k: usize, a: &[T], zero_point: i32) -> QuantizedRows {
+    /// `a` minus `zero_point`, the u8 codes being `a + lift`.
+    fn widen<T: Copy + Into<i32>>(
+        m: usize,
+        k: usize,
+        a: &[T],
+        zero_point: i32,
+        lift: i32,
+    ) -> QuantizedRows {
         assert_eq!(a.len(), m * k, "a is not {m}×{k}");
         let mut rows = QuantizedRows::zeros(m, k, 1.0, zero_point);
+        rows.shift = zero_point + lift;
         let stride = rows.stride();
         if k == 0 {
             return rows;
@@ -117,6 +137,7 @@ impl QuantizedRows {
             data: vec![0; m.next_multiple_of(MR) * stride],
             scale,
             zero_point,
+            shift: zero_point,
         }
     }
 
@@ -148,6 +169,35 @@ impl QuantizedRows {
     /// The widened values, `⌈m / MR⌉·MR` rows of [`QuantizedRows::stride`].
     pub(crate) fn data(&self) -> &[i16] {
         &self.data
+    }
+
+    /// The u8 codes a VNNI build multiplies: each value plus [`QuantizedRows::shift`], in rows
+    /// of `k` rounded up to a multiple of 4 (the padding 0), as many rows as
+    /// [`QuantizedRows::data`].
+    pub(crate) fn codes(&self) -> Vec<u8> {
+        let (stride, k) = (self.stride(), self.k);
+        let codes_stride = k.next_multiple_of(4);
+        let mut codes = vec![0u8; self.data.len() / stride.max(1) * codes_stride];
+        if k == 0 {
+            return codes;
+        }
+        let shift = self.shift as i16;
+        for (out, row) in codes
+            .chunks_exact_mut(codes_stride)
+            .zip(self.data.chunks_exact(stride))
+        {
+            for (o, &v) in out.iter_mut().zip(&row[..k]) {
+                // In [0, 255] by the shift's definition (the padding rows give the shift).
+                *o = v.wrapping_add(shift) as u8;
+            }
+        }
+        codes
+    }
+
+    /// What the values plus it are the u8 codes of: the zero point of uint8 activations, the
+    /// zero point + 128 of int8 ones.
+    pub(crate) fn shift(&self) -> i32 {
+        self.shift
     }
 
     /// The quantized value of row `i`, column `p`, minus the zero point.

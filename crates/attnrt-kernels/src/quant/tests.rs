@@ -9,7 +9,12 @@ use crate::testing::pool;
 use crate::threads::ThreadPolicy;
 
 fn kernels() -> Vec<QuantKernel> {
-    Isa::available().into_iter().map(QuantKernel::new).collect()
+    QuantKernel::every_build()
+}
+
+/// The portable build.
+fn portable() -> QuantKernel {
+    QuantKernel::new(Isa::Scalar, &crate::isa::Cpu::probe())
 }
 
 /// `Σ_p (a[i,p] − za)·(w[p,j] − zw[j])` in i64 (no overflow at these sizes).
@@ -87,11 +92,11 @@ fn int_sums(kernel: &QuantKernel, rows: &QuantizedRows, packed: &QuantizedWeight
 fn exact_on_every_build((m, k, n, a, za, w, zw): MatmulCase) -> Result<(), TestCaseError> {
     let want = reference(&a, za, &w, &zw, m, k, n);
     let rows = QuantizedRows::from_u8(&a, m, k, za);
-    let packed = QuantizedWeight::from_i8(&w, k, n, &zw);
     if zw.iter().all(|&z| z == 0) {
-        prop_assert!(packed.is_narrow());
+        prop_assert!(QuantizedWeight::from_i8(&portable(), &w, k, n, &zw).is_narrow());
     }
     for kernel in kernels() {
+        let packed = QuantizedWeight::from_i8(&kernel, &w, k, n, &zw);
         let mut y = vec![i32::MIN; m * n];
         quant_matmul(
             &kernel,
@@ -170,8 +175,13 @@ fn dynamic_quantization_handles_zeros_nans_and_infinities_as_the_portable_path()
         &[f32::INFINITY, 1.0, -1.0, 2.0, 0.0, 0.0, 0.0, 7.0, -3.0, 1.5],
         &[1e-44, 2e-45, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
     ];
-    let portable = QuantKernel::new(Isa::Scalar);
-    for x in cases {
+    let portable = portable();
+    // Each case as it is (the vector builds' tails), and repeated past three 16-wide vectors.
+    let long: Vec<Vec<f32>> = cases
+        .iter()
+        .map(|x| x.iter().cycle().take(50).copied().collect())
+        .collect();
+    for x in cases.iter().copied().chain(long.iter().map(Vec::as_slice)) {
         let want =
             QuantizedRows::quantize_dynamic(&portable, &ThreadPolicy::default(), x, 1, x.len());
         for kernel in kernels() {
@@ -198,11 +208,11 @@ fn the_float_epilogue_rounds_as_cast_mul_add_and_threads_change_nothing() {
     let x: Vec<f32> = crate::testing::ramp(m * k, 0.3);
     let w: Vec<u8> = (0..k * n).map(|i| (i * 37 % 251) as u8).collect();
     let zw: Vec<u8> = (0..n).map(|j| (j * 13 % 200) as u8).collect();
-    let packed = QuantizedWeight::from_u8(&w, k, n, &zw);
     let w_scale: Vec<f32> = (0..n).map(|j| 0.001 * (j as f32 + 1.0)).collect();
     let bias: Vec<f32> = crate::testing::ramp(n, 1.7);
     let threads = ThreadPolicy::default();
     for kernel in kernels() {
+        let packed = QuantizedWeight::from_u8(&kernel, &w, k, n, &zw);
         let rows = QuantizedRows::quantize_dynamic(&kernel, &threads, &x, m, k);
         let split =
             pool(2).install(|| QuantizedRows::quantize_dynamic(&kernel, &threads, &x, m, k));
@@ -252,14 +262,15 @@ fn steps_differing_counts_flipped_codes_and_moved_zero_points() {
 /// bytes a value.
 #[test]
 fn weights_past_i8_after_their_zero_point_stay_wide() {
-    let narrow = QuantizedWeight::from_i8(&[-128, 127, 5, 6], 2, 2, &[0]);
-    assert!(narrow.is_narrow());
+    let kernel = portable();
+    let narrow = QuantizedWeight::from_i8(&kernel, &[-128, 127, 5, 6], 2, 2, &[0]);
+    assert!(narrow.is_narrow() && !narrow.is_quads());
     assert_eq!(narrow.bytes(), NR * 2);
-    let wide = QuantizedWeight::from_i8(&[-128, 127, 5, 6], 2, 2, &[1]);
+    let wide = QuantizedWeight::from_i8(&kernel, &[-128, 127, 5, 6], 2, 2, &[1]);
     assert!(!wide.is_narrow());
     assert_eq!(wide.bytes(), NR * 2 * 2);
-    assert!(!QuantizedWeight::from_u8(&[200, 1, 2, 3], 2, 2, &[0]).is_narrow());
-    assert!(QuantizedWeight::from_u8(&[200, 1, 2, 3], 2, 2, &[128]).is_narrow());
+    assert!(!QuantizedWeight::from_u8(&kernel, &[200, 1, 2, 3], 2, 2, &[0]).is_narrow());
+    assert!(QuantizedWeight::from_u8(&kernel, &[200, 1, 2, 3], 2, 2, &[128]).is_narrow());
 }
 
 /// Narrow (i8) weights over more rows than one task takes, on pools of 1 to 3 threads: the
@@ -273,13 +284,14 @@ fn narrow_weights_split_over_row_blocks_and_threads_give_the_exact_sums() {
     let w: Vec<i8> = (0..k * n).map(|i| (i * 53 % 256) as u8 as i8).collect();
     let want = reference(&a, 7, &w, &[0], m, k, n);
     let rows = QuantizedRows::from_u8(&a, m, k, 7);
-    let packed = QuantizedWeight::from_i8(&w, k, n, &[0]);
-    assert!(packed.is_narrow());
     let scale: Vec<f32> = (0..n).map(|j| 0.003 * (j as f32 + 0.5)).collect();
     let bias: Vec<f32> = crate::testing::ramp(n, 0.4);
     let threads = ThreadPolicy::default();
     let mut first: Option<Vec<f32>> = None;
     for kernel in kernels() {
+        let packed = QuantizedWeight::from_i8(&kernel, &w, k, n, &[0]);
+        assert!(packed.is_narrow());
+        assert_eq!(packed.is_quads(), kernel.is_vnni());
         for pool_threads in [1, 2, 3] {
             let mut sums = vec![i32::MIN; m * n];
             let out = QuantOutput::Int(&mut sums);
@@ -372,7 +384,6 @@ fn the_requantized_epilogue_is_quantize_linear_then_dequantize() {
     let a: Vec<u8> = (0..m * k).map(|i| (i * 31 % 256) as u8).collect();
     let w: Vec<i8> = (0..k * n).map(|i| (i * 11 % 256) as u8 as i8).collect();
     let rows = QuantizedRows::from_u8(&a, m, k, 100);
-    let packed = QuantizedWeight::from_i8(&w, k, n, &[0]);
     let scale: Vec<f32> = (0..n).map(|j| 1e-4 * (j as f32 + 1.0)).collect();
     let bias: Vec<f32> = crate::testing::ramp(n, 2.1);
     let threads = ThreadPolicy::default();
@@ -389,6 +400,7 @@ fn the_requantized_epilogue_is_quantize_linear_then_dequantize() {
             to,
         };
         for kernel in kernels() {
+            let packed = QuantizedWeight::from_i8(&kernel, &w, k, n, &[0]);
             let sums = int_sums(&kernel, &rows, &packed);
             let products: Vec<f32> = (0..m * n).map(|i| sums[i] as f32 * scale[i % n]).collect();
             let mut q = vec![0u8; m * n];
@@ -419,4 +431,108 @@ fn the_requantized_epilogue_is_quantize_linear_then_dequantize() {
         }
     }
     assert!(low > 0 && high > 0 && inside > 0, "{low} {high} {inside}");
+}
+
+/// Deterministic bytes for the VNNI tests (a multiplicative hash of the index and `seed`).
+fn bytes(len: usize, seed: u32) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            ((i as u32)
+                .wrapping_mul(2_654_435_761)
+                .wrapping_add(seed << 20)
+                >> 13) as u8
+        })
+        .collect()
+}
+
+/// `i64` sums wrapped to i32, as the graph's `MatMulInteger` computes them.
+fn wrapped(sums: &[i64]) -> Vec<i32> {
+    sums.iter().map(|&v| v as i32).collect()
+}
+
+/// The VNNI builds (weights packed in quads, u8 codes, the zero points taken out by the column
+/// sums) give the portable build's i32 sums bit for bit: row counts around the tile height
+/// (1, 3, 4, 5, 17), `k` not a multiple of 4, `n` not a multiple of a panel nor of a register
+/// tile's four panels, uint8 and int8 activations, int8 weights with zero point 0 and uint8
+/// weights with a zero point per tensor or per column (values within i8 of them, so narrow).
+#[test]
+fn vnni_sums_equal_the_portable_build_bit_for_bit() {
+    let builds: Vec<QuantKernel> = kernels().into_iter().filter(|k| k.is_vnni()).collect();
+    let mut seed = 0;
+    for m in [1, 3, 4, 5, 17] {
+        for (k, n) in [(1, 1), (3, 17), (5, 70), (64, 16), (67, 130), (130, 65)] {
+            seed += 1;
+            let a = bytes(m * k, seed);
+            let za = a[0];
+            let w_i8: Vec<i8> = bytes(k * n, seed + 100).iter().map(|&v| v as i8).collect();
+            // uint8 weights within [−100, 100] of their column's zero point, in [100, 155].
+            let zw: Vec<u8> = (0..n).map(|j| 100 + (j * 7 % 56) as u8).collect();
+            let w_u8: Vec<u8> = (0..k * n)
+                .map(|i| (i32::from(zw[i % n]) + i32::from(w_i8[i]).clamp(-100, 100)) as u8)
+                .collect();
+            let signed: Vec<i8> = a.iter().map(|&v| v as i8).collect();
+            let row_sets = [
+                QuantizedRows::from_u8(&a, m, k, za),
+                QuantizedRows::from_i8(&signed, m, k, -7),
+            ];
+            for rows in &row_sets {
+                let pack = |kernel: &QuantKernel| {
+                    [
+                        QuantizedWeight::from_i8(kernel, &w_i8, k, n, &[0]),
+                        QuantizedWeight::from_u8(kernel, &w_u8, k, n, &zw),
+                        QuantizedWeight::from_u8(kernel, &w_u8, k, n, &[zw[0]]),
+                    ]
+                };
+                let want: Vec<Vec<i32>> = pack(&portable())
+                    .iter()
+                    .map(|w| int_sums(&portable(), rows, w))
+                    .collect();
+                for kernel in &builds {
+                    let packed = pack(kernel);
+                    assert!(packed[0].is_quads() && packed[1].is_quads());
+                    for (w, want) in packed.iter().zip(&want) {
+                        let got = int_sums(kernel, rows, w);
+                        assert_eq!(
+                            &got,
+                            want,
+                            "{kernel} m {m} k {k} n {n} quads {}",
+                            w.is_quads()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Extreme codes and weights (0 and 255 by −128 and 127) over a `k` long enough that the sums
+/// wrap i32: every build wraps as `MatMulInteger`'s i32 arithmetic does, the same bits.
+#[test]
+fn extreme_values_wrap_i32_the_same_on_every_build() {
+    let (m, k, n) = (5, 90_001, 20);
+    let a: Vec<u8> = (0..m * k)
+        .map(|i| if i % 7 == 6 { 0 } else { 255 })
+        .collect();
+    let w: Vec<i8> = (0..k * n)
+        .map(|i| if (i % n) % 2 == 0 { -128 } else { 127 })
+        .collect();
+    let want = wrapped(&reference(&a, 0, &w, &[0], m, k, n));
+    let unwrapped = reference(&a, 0, &w, &[0], m, k, n);
+    assert!(
+        unwrapped.iter().any(|&v| i32::try_from(v).is_err()),
+        "no sum wraps"
+    );
+    let rows = QuantizedRows::from_u8(&a, m, k, 0);
+    for kernel in kernels() {
+        let packed = QuantizedWeight::from_i8(&kernel, &w, k, n, &[0]);
+        assert_eq!(int_sums(&kernel, &rows, &packed), want, "{kernel}");
+    }
+    // Shifted codes (zero point 255, so every centered value is −255 or 0): the correction
+    // `shift · Σ w'` wraps too.
+    let rows = QuantizedRows::from_u8(&a, m, k, 255);
+    let want = wrapped(&reference(&a, 255, &w, &[0], m, k, n));
+    for kernel in kernels() {
+        let packed = QuantizedWeight::from_i8(&kernel, &w, k, n, &[0]);
+        assert_eq!(int_sums(&kernel, &rows, &packed), want, "{kernel}");
+    }
 }
