@@ -36,3 +36,30 @@ pub fn python() -> PathBuf {
         ),
     }
 }
+
+/// Runs `tests/python/ort_check.py` with [`python`]: the ONNX checker (full check) on
+/// `emitted`, then `original` and `emitted` in ONNX Runtime on the inputs of `npz`, their
+/// outputs within `|emitted − original| ≤ atol + rtol·|original|`. `Err` with the script's
+/// output when either fails.
+pub fn ort_check(
+    original: &Path,
+    emitted: &Path,
+    npz: &Path,
+    atol: f64,
+    rtol: f64,
+) -> Result<(), String> {
+    let result = std::process::Command::new(python())
+        .arg(repo_root().join("tests/python/ort_check.py"))
+        .args([original, emitted, npz])
+        .args(["--atol", &atol.to_string(), "--rtol", &rtol.to_string()])
+        .output()
+        .expect("running ort_check.py");
+    match result.status.success() {
+        true => Ok(()),
+        false => Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&result.stdout).trim(),
+            String::from_utf8_lossy(&result.stderr).trim()
+        )),
+    }
+}

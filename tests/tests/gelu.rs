@@ -7,14 +7,12 @@
 //! evaluates the same formula with its own rounding (x·x·x for `Pow(x, 3)`, a polynomial
 //! tanh).
 
-use std::process::Command;
-
 use attnrt::harness::{diff_outputs, write_npz, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{save_model, SaveOptions};
 use attnrt_runtime::{run_once, NamedTensor, Tensor, Threads};
 use attnrt_testkit::gelu::{gelu_model, GeluForm, Product};
-use attnrt_tests::{python, repo_root};
+use attnrt_tests::ort_check;
 
 const FUSED_VS_UNFUSED: Tolerance = Tolerance {
     atol: 2e-5,
@@ -67,7 +65,6 @@ fn fused_gelu_matches_the_unfused_graph() {
 
 #[test]
 fn emitted_gelu_runs_in_onnx_runtime_with_the_original_outputs() {
-    let python = python();
     let dir = tempfile::tempdir().unwrap();
     let npz = dir.path().join("x.npz");
     write_npz(&npz, &input()).unwrap();
@@ -80,17 +77,8 @@ fn emitted_gelu_runs_in_onnx_runtime_with_the_original_outputs() {
         );
         save_model(&model, &original, &SaveOptions::default()).unwrap();
         save_model(&fused.model, &emitted, &SaveOptions::default()).unwrap();
-        let result = Command::new(&python)
-            .arg(repo_root().join("tests/python/ort_check.py"))
-            .args([&original, &emitted, &npz])
-            .args(["--atol", "2e-5", "--rtol", "1e-4"])
-            .output()
-            .expect("running ort_check.py");
-        assert!(
-            result.status.success(),
-            "{form:?} {product:?}: {}{}",
-            String::from_utf8_lossy(&result.stdout).trim(),
-            String::from_utf8_lossy(&result.stderr).trim()
-        );
+        if let Err(e) = ort_check(&original, &emitted, &npz, 2e-5, 1e-4) {
+            panic!("{form:?} {product:?}: {e}");
+        }
     }
 }

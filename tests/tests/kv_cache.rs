@@ -7,15 +7,13 @@
 //! Tolerance: |fused − unfused| ≤ 2e-5 + 1e-4·|unfused|, as for the shipped models
 //! (`tests/models.rs`): the kernel reassociates the softmax sums and the dot products.
 
-use std::process::Command;
-
 use attnrt::harness::{diff_outputs, write_npz, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{save_model, ModelProto, SaveOptions};
 use attnrt_runtime::{run_once, NamedTensor, Tensor, Threads};
 use attnrt_testkit::cache_block::{cache_block, CacheMask, D_MODEL, HEADS, HEAD_SIZE};
 use attnrt_testkit::seeded_values;
-use attnrt_tests::{python, repo_root};
+use attnrt_tests::ort_check;
 
 const FUSED_VS_UNFUSED: Tolerance = Tolerance {
     atol: 2e-5,
@@ -106,7 +104,6 @@ fn cache_layers_fuse_and_match_the_unfused_graph_at_every_step() {
 
 #[test]
 fn emitted_cache_layers_run_in_onnx_runtime_with_the_original_outputs() {
-    let python = python();
     let dir = tempfile::tempdir().unwrap();
     for mask in MASKS {
         let (model, fused) = fused_model(mask);
@@ -117,18 +114,9 @@ fn emitted_cache_layers_run_in_onnx_runtime_with_the_original_outputs() {
         for (past, new) in STEPS {
             let npz = dir.path().join(format!("{mask:?}_{past}_{new}.npz"));
             write_npz(&npz, &inputs(mask, past, new)).unwrap();
-            let result = Command::new(&python)
-                .arg(repo_root().join("tests/python/ort_check.py"))
-                .args([&original, &emitted, &npz])
-                .args(["--atol", "1e-4", "--rtol", "1e-3"])
-                .output()
-                .expect("running ort_check.py");
-            assert!(
-                result.status.success(),
-                "{mask:?} past {past} new {new}: {}{}",
-                String::from_utf8_lossy(&result.stdout).trim(),
-                String::from_utf8_lossy(&result.stderr).trim()
-            );
+            if let Err(e) = ort_check(&original, &emitted, &npz, 1e-4, 1e-3) {
+                panic!("{mask:?} past {past} new {new}: {e}");
+            }
         }
     }
 }

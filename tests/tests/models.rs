@@ -13,13 +13,12 @@
 //!   from PyTorch's by more than the fused kernel differs from tract.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
 use attnrt::harness::{compare, read_npz_tensors, CompareOptions, Tolerance};
 use attnrt_fusion::{fuse, FusionOptions};
 use attnrt_onnx::{load_model, save_model, Limits, SaveOptions};
 use attnrt_runtime::{NamedTensor, Threads};
-use attnrt_tests::{expected_fused, manifest, models_dir, python, repo_root};
+use attnrt_tests::{expected_fused, manifest, models_dir, ort_check};
 
 const FUSED_VS_UNFUSED: Tolerance = Tolerance {
     atol: 2e-5,
@@ -151,7 +150,6 @@ fn fused_matches_unfused_and_pytorch_on_every_shipped_model() {
 /// the same outputs for them as for the originals, on every saved case.
 #[test]
 fn emitted_models_pass_the_onnx_checker_and_onnx_runtime() {
-    let python = python();
     let dir = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
     let mut checked = 0;
@@ -165,23 +163,10 @@ fn emitted_models_pass_the_onnx_checker_and_onnx_runtime() {
         let out = dir.path().join(&m.file);
         save_model(&fused.model, &out, &SaveOptions::default()).unwrap();
         for case in m.cases() {
-            let result = Command::new(&python)
-                .arg(repo_root().join("tests/python/ort_check.py"))
-                .arg(&path)
-                .arg(&out)
-                .arg(models_dir().join(&case.inputs_npz))
-                .args(["--atol", "1e-4", "--rtol", "1e-3"])
-                .output()
-                .expect("running ort_check.py");
+            let npz = models_dir().join(&case.inputs_npz);
             checked += 1;
-            if !result.status.success() {
-                failures.push(format!(
-                    "{} [{}]: {}{}",
-                    m.file,
-                    case.name,
-                    String::from_utf8_lossy(&result.stdout).trim(),
-                    String::from_utf8_lossy(&result.stderr).trim()
-                ));
+            if let Err(e) = ort_check(&path, &out, &npz, 1e-4, 1e-3) {
+                failures.push(format!("{} [{}]: {e}", m.file, case.name));
             }
         }
     }

@@ -211,8 +211,15 @@ fn cubic(view: &GraphView, add_inputs: &[String], x: &str) -> Option<Vec<usize>>
 /// Returns the final output and the nodes.
 fn outer_product(view: &GraphView, t: &str, x: &str) -> Result<(String, Vec<usize>), String> {
     let sole = |t: &str| match view.consumers(t) {
-        [c] => Ok(*c),
-        _ => Err(format!("'{t}' is not read by exactly one node")),
+        [c] if !view.in_subgraph(*c) => Ok(*c),
+        [] => Err(format!("'{t}' is not read")),
+        readers => {
+            let readers: Vec<String> = readers.iter().map(|&c| view.label(c)).collect();
+            Err(format!(
+                "'{t}' is read by {}, not by exactly one node of the graph",
+                readers.join(", ")
+            ))
+        }
     };
     let add = sole(t)?;
     let an = view.node(add);
@@ -272,10 +279,7 @@ fn exclusive(view: &GraphView, nodes: &[usize], output: &str) -> Result<(), Stri
                 return Err(format!("'{o}' is a graph output"));
             }
             if let Some(c) = view.consumers(o).iter().find(|c| !nodes.contains(c)) {
-                return Err(format!(
-                    "'{o}' is also read by {}",
-                    node_label(view.node(*c))
-                ));
+                return Err(format!("'{o}' is also read by {}", view.label(*c)));
             }
         }
     }

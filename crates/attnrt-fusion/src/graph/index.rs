@@ -13,6 +13,9 @@ pub struct GraphIndex<'a> {
     /// The graph indexed.
     pub graph: &'a GraphProto,
     nodes: Vec<&'a NodeProto>,
+    /// For each subgraph node (`nodes[graph.node.len() + k]`), the graph's node holding it and
+    /// that node's attribute (`then_branch`) it is in, at any depth.
+    holders: Vec<(usize, &'a str)>,
     producer: HashMap<&'a str, usize>,
     consumers: HashMap<&'a str, Vec<usize>>,
     initializers: HashMap<&'a str, &'a TensorProto>,
@@ -28,8 +31,9 @@ impl<'a> GraphIndex<'a> {
 
     /// The index of `graph` in which a subgraph's nodes (of `If`, `Loop`, `Scan`, at any depth)
     /// are readers too: they read a tensor of the graph by its name alone, without it among the
-    /// inputs of the node that holds them. Producers are the graph's own nodes (a subgraph's
-    /// outputs are its own); a subgraph's name that shadows one of the graph's is not told apart.
+    /// inputs of the node that holds them ([`holder`](GraphIndex::holder) says which). Producers
+    /// are the graph's own nodes (a subgraph's outputs are its own); a subgraph's name that
+    /// shadows one of the graph's is not told apart (it counts as a reader: the safe side).
     pub fn with_subgraphs(graph: &'a GraphProto) -> GraphIndex<'a> {
         GraphIndex::build(graph, true)
     }
@@ -40,6 +44,7 @@ impl<'a> GraphIndex<'a> {
         let mut index = GraphIndex {
             graph,
             nodes: graph.node.iter().collect(),
+            holders: Vec::new(),
             producer: HashMap::new(),
             consumers: HashMap::new(),
             initializers: initializers.collect(),
@@ -50,27 +55,35 @@ impl<'a> GraphIndex<'a> {
             for o in n.output.iter().filter(|o| !o.is_empty()) {
                 index.producer.insert(o.as_str(), i);
             }
-            index.add_reader(i, n, subgraphs);
+            index.add_reader(i, n);
+            if subgraphs {
+                index.add_subgraphs(n, i, None);
+            }
         }
         index
     }
 
-    /// Records `n` (numbered `i`) as the reader of its inputs and, with `subgraphs`, its
-    /// subgraphs' nodes after it (numbered from the end of `nodes`), depth first.
-    fn add_reader(&mut self, i: usize, n: &'a NodeProto, subgraphs: bool) {
+    /// Records `n` (numbered `i`) as the reader of its inputs.
+    fn add_reader(&mut self, i: usize, n: &'a NodeProto) {
         for inp in n.input.iter().filter(|o| !o.is_empty()) {
             let c = self.consumers.entry(inp.as_str()).or_default();
             if c.last() != Some(&i) {
                 c.push(i);
             }
         }
-        if !subgraphs {
-            return;
-        }
-        for g in n.attribute.iter().flat_map(|a| a.g.iter().chain(&a.graphs)) {
-            for inner in &g.node {
+    }
+
+    /// Records the nodes of `n`'s subgraphs as readers, numbered from the end of `nodes`,
+    /// depth first; `at` is the graph's node holding them, in its attribute `branch` (`None`:
+    /// `n` is that node, and each attribute names its own).
+    fn add_subgraphs(&mut self, n: &'a NodeProto, at: usize, branch: Option<&'a str>) {
+        for a in &n.attribute {
+            let branch = branch.unwrap_or(a.name.as_str());
+            for inner in a.g.iter().chain(&a.graphs).flat_map(|g| &g.node) {
                 self.nodes.push(inner);
-                self.add_reader(self.nodes.len() - 1, inner, true);
+                self.holders.push((at, branch));
+                self.add_reader(self.nodes.len() - 1, inner);
+                self.add_subgraphs(inner, at, Some(branch));
             }
         }
     }
@@ -78,6 +91,27 @@ impl<'a> GraphIndex<'a> {
     /// The node at `idx`.
     pub fn node(&self, idx: usize) -> &'a NodeProto {
         self.nodes[idx]
+    }
+
+    /// For a node of a subgraph (in an index [`with_subgraphs`](GraphIndex::with_subgraphs)),
+    /// the graph's node holding it and the attribute (`then_branch`) it is in; `None` for the
+    /// graph's own nodes.
+    pub fn holder(&self, idx: usize) -> Option<(usize, &'a str)> {
+        let k = idx.checked_sub(self.graph.node.len())?;
+        self.holders.get(k).copied()
+    }
+
+    /// The node at `idx` as messages name it: its label, and for a node of a subgraph where it
+    /// is (`Neg_0 (in then_branch of If_3)`).
+    pub fn label(&self, idx: usize) -> String {
+        let name = attnrt_onnx::node_label(self.nodes[idx]);
+        match self.holder(idx) {
+            Some((at, branch)) => {
+                let holder = attnrt_onnx::node_label(self.nodes[at]);
+                format!("{name} (in {branch} of {holder})")
+            }
+            None => name,
+        }
     }
 
     /// The index of the node producing `tensor`.
@@ -157,11 +191,25 @@ mod tests {
     use attnrt_onnx::DataType;
     use attnrt_testkit::{node, node_with_attrs, tensor_f32, tensor_i64, value_info, GraphBuilder};
 
-    /// `y = Add(Shape(x)[axes], w)` beside an `If` whose branch reads `x` by name alone; `axes`
-    /// a `Constant`, `w` an initializer also fed as an input, `big` an initializer of 9 ints.
+    fn graph_attr(name: &str, g: GraphProto) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: AttributeType::Graph as i32,
+            g: Some(g),
+            ..Default::default()
+        }
+    }
+
+    /// `y = Add(Shape(x)[axes], w)` beside an `If` whose branch reads `x` by name alone, and
+    /// `d` in the body of a `Loop` inside it; `axes` a `Constant`, `w` an initializer also fed
+    /// as an input, `big` an initializer of 9 ints.
     fn graph() -> GraphProto {
+        let mut body = GraphBuilder::new("body");
+        body.node(node("deep", "Neg", &["d"], &["e"]));
         let mut branch = GraphBuilder::new("branch");
         branch.node(node("inner", "Neg", &["x"], &["z"]));
+        let body = graph_attr("body", body.finish());
+        branch.node(node_with_attrs("loop", "Loop", &[], &["l"], vec![body]));
         let mut g = GraphBuilder::new("g");
         g.input(value_info("x", DataType::Float, &[2, 3]));
         g.input(value_info("w", DataType::Int64, &[1]));
@@ -187,12 +235,7 @@ mod tests {
         g.node(node("shape", "Shape", &["x"], &["s"]));
         g.node(node("gather", "Gather", &["s", "axes"], &["d"]));
         g.node(node("add", "Add", &["d", "d"], &["y"]));
-        let then = AttributeProto {
-            name: "then_branch".into(),
-            r#type: AttributeType::Graph as i32,
-            g: Some(branch.finish()),
-            ..Default::default()
-        };
+        let then = graph_attr("then_branch", branch.finish());
         g.node(node_with_attrs("if", "If", &["c"], &["o"], vec![then]));
         g.output(value_info("y", DataType::Int64, &[1]));
         g.finish()
@@ -227,6 +270,15 @@ mod tests {
         // the graph's own nodes keep their positions; a subgraph's outputs have no producer
         assert_eq!(index.node(5).name, "if");
         assert_eq!(index.producer("z"), None);
+        // at any depth, a subgraph's node is told by the graph's node holding it
+        let deep = *index.consumers("d").last().unwrap();
+        assert_eq!(index.consumers("d").len(), 2);
+        assert_eq!(index.holder(deep), Some((5, "then_branch")));
+        assert_eq!(index.label(deep), "deep (in then_branch of if)");
+        assert_eq!(index.holder(4), None);
+        assert_eq!(index.label(4), "add");
+        // an index without subgraphs has none of them
+        assert_eq!(GraphIndex::new(&g).consumers("d"), &[4]);
     }
 
     #[test]

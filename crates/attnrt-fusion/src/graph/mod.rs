@@ -22,7 +22,10 @@ pub use index::GraphIndex;
 pub use value::{tensor_value, tensor_value_limited, Value};
 
 /// The view: a [`GraphIndex`] and the forward pass's facts. Indices are positions in
-/// `graph.node`.
+/// `graph.node`, and after them the nodes of its subgraphs (`If`, `Loop`, `Scan` bodies), which
+/// are readers of the tensors they read by name: a tensor read there is read outside any block
+/// of the graph (so is never only the block's), and such a reader is never part of a match
+/// ([`GraphView::in_subgraph`]).
 pub struct GraphView<'a> {
     /// The graph viewed.
     pub graph: &'a GraphProto,
@@ -32,14 +35,16 @@ pub struct GraphView<'a> {
 }
 
 impl<'a> GraphView<'a> {
-    /// Builds the view of `graph` (of a model whose default-domain opset is `opset`) and runs
-    /// the symbolic forward pass over `order` (a topological order).
+    /// Builds the view of `graph` (of a model whose default-domain opset is `opset`), its
+    /// subgraphs' nodes among the readers ([`GraphIndex::with_subgraphs`]), and runs the
+    /// symbolic forward pass over `order` (a topological order of `graph.node`).
     pub fn new(graph: &'a GraphProto, order: &[usize], opset: i64) -> GraphView<'a> {
-        GraphView::from_index(GraphIndex::new(graph), order, opset)
+        GraphView::from_index(GraphIndex::with_subgraphs(graph), order, opset)
     }
 
-    /// The view of the graph of `index` (built by [`GraphIndex::new`]): the forward pass over
-    /// `order`, as [`GraphView::new`].
+    /// The view of the graph of `index`: the forward pass over `order`, as
+    /// [`GraphView::new`]. Matching needs an index [`with_subgraphs`](GraphIndex::with_subgraphs)
+    /// (a [`GraphIndex::new`] one does not see the tensors a subgraph reads).
     pub fn from_index(index: GraphIndex<'a>, order: &[usize], opset: i64) -> GraphView<'a> {
         GraphView {
             graph: index.graph,
@@ -59,12 +64,24 @@ impl<'a> GraphView<'a> {
         self.index.node(idx)
     }
 
+    /// Whether the node at `idx` is a node of a subgraph (it reads a tensor of the graph by
+    /// name, and cannot be matched or removed with the graph's nodes).
+    pub fn in_subgraph(&self, idx: usize) -> bool {
+        self.index.holder(idx).is_some()
+    }
+
+    /// The node at `idx` as messages name it ([`GraphIndex::label`]).
+    pub fn label(&self, idx: usize) -> String {
+        self.index.label(idx)
+    }
+
     /// The index of the node producing `tensor`.
     pub fn producer(&self, tensor: &str) -> Option<usize> {
         self.index.producer(tensor)
     }
 
-    /// The nodes reading `tensor` (each once, in graph order).
+    /// The nodes reading `tensor` (each once, in graph order; a subgraph's nodes right after
+    /// the node holding them).
     pub fn consumers(&self, tensor: &str) -> &[usize] {
         self.index.consumers(tensor)
     }

@@ -75,25 +75,31 @@ impl GraphView<'_> {
     }
 
     /// The one node reading `t`, looking through skip-through nodes that are its one reader
-    /// and whose other outputs nobody reads: the reader and the nodes looked through. `None`
-    /// when `t` (or a tensor looked through) has several readers or none.
-    pub fn sole_reader(&self, t: &str) -> Option<(usize, Vec<usize>)> {
+    /// and whose other outputs nobody reads: the reader and the nodes looked through. `Err`
+    /// with what `t` (or a tensor looked through) has instead, to follow its name in a message
+    /// (`has several consumers`): several readers, none, or one in a subgraph.
+    pub fn sole_reader(&self, t: &str) -> Result<(usize, Vec<usize>), String> {
         let mut cur = t;
         let mut skipped = Vec::new();
         loop {
-            let [c] = self.consumers(cur) else {
-                return None;
+            let c = match self.consumers(cur) {
+                [c] if self.in_subgraph(*c) => {
+                    return Err(format!("is read by {}", self.label(*c)))
+                }
+                [c] => *c,
+                [] => return Err("has no consumer".into()),
+                _ => return Err("has several consumers".into()),
             };
-            let n = self.node(*c);
+            let n = self.node(c);
             let passes = skipped.len() < MAX_SKIPS
                 && n.input.first().map(String::as_str) == Some(cur)
-                && self.passthrough(*c).is_ok()
+                && self.passthrough(c).is_ok()
                 && n.output.iter().skip(1).all(|o| self.unread(o));
             if !passes {
-                return Some((*c, skipped));
+                return Ok((c, skipped));
             }
-            skipped.push(*c);
-            cur = n.output.first()?;
+            skipped.push(c);
+            cur = n.output.first().ok_or("has a reader without outputs")?;
         }
     }
 

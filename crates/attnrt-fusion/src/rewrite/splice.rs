@@ -4,13 +4,13 @@
 //! of what is gone go too; the fused node's proven input shapes are declared; the graph is put
 //! back in topological order.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 
 use anyhow::{Context, Result};
 use attnrt_onnx::{node_label, validate::topo_order, GraphProto, NodeProto, ValueInfoProto};
 
 use super::inserted::Inserted;
-use crate::graph::Dim;
+use crate::graph::{Dim, GraphIndex};
 use crate::rules::AttentionMatch;
 
 /// Replaces `m`'s nodes in `graph` by `new` (the block of fused node `name`); returns the
@@ -72,75 +72,57 @@ pub fn replace_nodes(
 }
 
 /// `core` and the nodes whose outputs lose their last reader once it is gone (and `inserted`
-/// reads what it reads), found by walking up from the removed nodes' inputs.
+/// reads what it reads), found by walking up from the removed nodes' inputs. A subgraph's node
+/// reading an output by name is a reader that stays ([`GraphIndex::with_subgraphs`]).
 fn with_dead_code(
     graph: &GraphProto,
     core: &BTreeSet<usize>,
     inserted: &[NodeProto],
 ) -> BTreeSet<usize> {
+    let index = GraphIndex::with_subgraphs(graph);
+    let read_by_inserted: HashSet<&str> = inserted.iter().flat_map(named_inputs).collect();
     let mut removed = core.clone();
-    let mut pending: Vec<String> = core
+    let mut pending: Vec<&str> = core
         .iter()
-        .flat_map(|&i| graph.node[i].input.clone())
-        .collect();
-    let mut readers: HashMap<String, usize> = HashMap::new();
-    let kept = graph
-        .node
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !removed.contains(i))
-        .map(|(_, n)| n);
-    for n in kept.chain(inserted) {
-        for inp in &n.input {
-            *readers.entry(inp.clone()).or_default() += 1;
-        }
-    }
-    let outputs: HashSet<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
-    let producer: HashMap<&str, usize> = graph
-        .node
-        .iter()
-        .enumerate()
-        .flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i)))
+        .flat_map(|&i| named_inputs(&graph.node[i]))
         .collect();
     while let Some(t) = pending.pop() {
-        let Some(&p) = producer.get(t.as_str()) else {
+        let Some(p) = index.producer(t).filter(|p| !removed.contains(p)) else {
             continue;
         };
-        if removed.contains(&p) {
-            continue;
-        }
-        let pn = &graph.node[p];
+        let pn = index.node(p);
         let dead = pn.output.iter().all(|o| {
             o.is_empty()
-                || (readers.get(o).copied().unwrap_or(0) == 0 && !outputs.contains(o.as_str()))
+                || !(index.is_graph_output(o)
+                    || read_by_inserted.contains(o.as_str())
+                    || index.consumers(o).iter().any(|c| !removed.contains(c)))
         });
         if dead {
             removed.insert(p);
-            for inp in &pn.input {
-                if let Some(c) = readers.get_mut(inp) {
-                    *c -= 1;
-                }
-                pending.push(inp.clone());
-            }
+            pending.extend(named_inputs(pn));
         }
     }
     removed
 }
 
-/// Initializers that only the removed nodes read go; `value_info` of gone tensors too
-/// (declared types of tensors that no longer exist would confuse readers and checkers).
+/// The names `n` reads (its omitted optional inputs, the empty name, left out).
+fn named_inputs(n: &NodeProto) -> impl Iterator<Item = &str> {
+    n.input.iter().map(String::as_str).filter(|i| !i.is_empty())
+}
+
+/// Initializers that only the removed nodes read go (one a subgraph reads by name stays);
+/// `value_info` of gone tensors too (declared types of tensors that no longer exist would
+/// confuse readers and checkers).
 fn tidy(graph: &mut GraphProto, old_inputs: &HashSet<String>, removed_outputs: &HashSet<String>) {
-    let read: HashSet<&str> = graph
-        .node
-        .iter()
-        .flat_map(|n| n.input.iter().map(String::as_str))
-        .collect();
-    let graph_outs: HashSet<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
-    graph.initializer.retain(|t| {
-        !old_inputs.contains(&t.name)
-            || read.contains(t.name.as_str())
-            || graph_outs.contains(t.name.as_str())
-    });
+    let unread: HashSet<String> = {
+        let index = GraphIndex::with_subgraphs(graph);
+        old_inputs
+            .iter()
+            .filter(|t| index.consumers(t).is_empty() && !index.is_graph_output(t))
+            .cloned()
+            .collect()
+    };
+    graph.initializer.retain(|t| !unread.contains(&t.name));
     let produced: HashSet<&str> = graph
         .node
         .iter()

@@ -42,10 +42,7 @@ pub fn check(view: &GraphView, p: &Placed, tap: Option<&str>) -> Result<(), Mism
                     at(),
                     Check::Exclusive,
                     "intermediates used only inside the block",
-                    format!(
-                        "intermediate '{o}' is also used by {}",
-                        node_label(view.node(c))
-                    ),
+                    format!("intermediate '{o}' is also used by {}", view.label(c)),
                 ));
             }
         }

@@ -139,7 +139,7 @@ pub fn match_probs(view: &GraphView, sm: usize) -> Result<Probs, Mismatch> {
         let quantized = view
             .consumers(sm_out)
             .iter()
-            .any(|&c| view.node(c).op_type == "QuantizeLinear");
+            .any(|&c| !view.in_subgraph(c) && view.node(c).op_type == "QuantizeLinear");
         let found = if quantized {
             "the probabilities are quantized (QuantizeLinear, as a QDQ model's fake \
              quantization) before the MatMul with V: the fused kernel keeps them in float32, so \
@@ -203,13 +203,13 @@ pub fn match_probs(view: &GraphView, sm: usize) -> Result<Probs, Mismatch> {
 
 /// The first MatMul (breadth first, at most [`CONTEXT_DEPTH`] levels down through
 /// [`BETWEEN_OPS`]) reading the Softmax output `sm_out`, or a tensor derived from it, as its
-/// first input.
+/// first input; a subgraph's nodes are not followed.
 fn find_context(view: &GraphView, sm_out: &str) -> Option<usize> {
     let mut frontier = vec![sm_out.to_string()];
     for _ in 0..CONTEXT_DEPTH {
         let mut next = Vec::new();
         for t in &frontier {
-            for &c in view.consumers(t) {
+            for &c in view.consumers(t).iter().filter(|&&c| !view.in_subgraph(c)) {
                 let n = view.node(c);
                 if n.op_type == "MatMul" && n.input.first() == Some(t) {
                     return Some(c);

@@ -89,9 +89,8 @@ pub fn tap(
         .map(|(t, _)| t.as_str())
         .chain(std::iter::once(softmax_out))
     {
-        let outside =
-            view.is_graph_output(t) || view.consumers(t).iter().any(|c| !nodes.contains(c));
-        if !outside {
+        let reader = view.consumers(t).iter().find(|c| !nodes.contains(c));
+        if reader.is_none() && !view.is_graph_output(t) {
             continue;
         }
         match qk_stage(path, softmax_out, t) {
@@ -113,7 +112,11 @@ pub fn tap(
                      stage",
                     format!(
                         "intermediate '{t}' is also used outside the block and is not one \
-                         qk_matmul_output stage of the Attention op"
+                         qk_matmul_output stage of the Attention op ({})",
+                        match reader {
+                            Some(&c) => format!("read by {}", view.label(c)),
+                            None => "a graph output".to_string(),
+                        }
                     ),
                 ));
             }

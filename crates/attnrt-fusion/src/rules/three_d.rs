@@ -197,9 +197,9 @@ fn head_merge(
     vs: &[Dim],
 ) -> Result<(Vec<usize>, String), Mismatch> {
     let here = format!("'{ctx}'");
-    let Some((t, mut nodes)) = view.sole_reader(ctx) else {
-        return Err(merge_refused(here, "context has several consumers"));
-    };
+    let (t, mut nodes) = view
+        .sole_reader(ctx)
+        .map_err(|why| merge_refused(here, format!("context {why}")))?;
     let tn = view.node(t);
     let tl = node_label(tn);
     if tn.op_type != "Transpose" || attr::ints(tn, "perm").ok().flatten() != Some(&[0, 2, 1, 3][..])
@@ -213,9 +213,9 @@ fn head_merge(
         .output
         .first()
         .ok_or_else(|| merge_refused(&tl, "merge Transpose has no output"))?;
-    let Some((r, skipped)) = view.sole_reader(t_out) else {
-        return Err(merge_refused(&tl, "merge Transpose has several consumers"));
-    };
+    let (r, skipped) = view
+        .sole_reader(t_out)
+        .map_err(|why| merge_refused(&tl, format!("merge Transpose {why}")))?;
     let rn = view.node(r);
     let rl = node_label(rn);
     if rn.op_type != "Reshape" {
