@@ -139,7 +139,7 @@ fn with_cache(
     match kv_cache::takeover(view, &cache, inputs, &m.mask.masks, &at) {
         Takeover::Producible { shape_readers } => {
             // The rewrite replaces them (their outputs keep their names).
-            p.core.nodes.extend(&shape_readers);
+            p.core.nodes.extend(shape_readers.iter().map(|r| r.node));
             p.kv = Some(kv_cache::KvCache {
                 shape_readers,
                 ..cache
