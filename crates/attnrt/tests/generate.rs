@@ -703,7 +703,8 @@ fn the_in_place_cache_gives_the_copy_paths_logits_bit_for_bit() {
     // (the SDPA TorchScript exports read present's head size to merge the heads, and llama's
     // the GQA-repeated values' head size: those readers take the current key's and value's;
     // optimum's LLaMA cuts its mask to the GQA-repeated keys' length, which the fusion
-    // computes from the past's and new keys' shapes)
+    // computes from the past's and new keys' shapes; the opset-23 exports' Attention nodes
+    // take over the joins the exporter wrote outside them)
     let sdpa_ts = decoders()
         .into_iter()
         .filter(|f| f.contains("_cache_sdpa") && f.ends_with(".ts.onnx"));
@@ -711,12 +712,14 @@ fn the_in_place_cache_gives_the_copy_paths_logits_bit_for_bit() {
         "gpt2_cache_eager.dynamo.onnx",
         "gpt2_cache_eager.ts.onnx",
         "gpt2_cache_sdpa.dynamo.onnx",
+        "gpt2_cache_sdpa.dynamo.opset23.onnx",
         "gpt2_cache_sdpa.ts.onnx",
         "llama_cache_eager.dynamo.onnx",
         "llama_cache_eager.ts.onnx",
         "llama_cache_eager.ts.qint8.onnx",
         "llama_cache_optimum.onnx",
         "llama_cache_sdpa.dynamo.onnx",
+        "llama_cache_sdpa.dynamo.opset23.onnx",
         "llama_cache_sdpa.ts.onnx",
     ];
     for expected in expected.into_iter().map(String::from).chain(sdpa_ts) {

@@ -24,7 +24,6 @@ use attnrt_onnx::attr;
 
 use super::k_transpose::KInput;
 use crate::graph::GraphView;
-use crate::masks::MaskLayer;
 use crate::mismatch::{Check, Mismatch};
 
 /// The cache tensors of an absorbed join.
@@ -193,26 +192,15 @@ pub enum Takeover {
     Kept(Kept),
 }
 
-/// Whether the fused node can produce the joins of `cache`: none of its inputs (`q`, `k`, `v`
-/// and the tensors of the `masks` it reads) may be computed from them (that would be a cycle),
+/// Whether the fused node can produce the joins of `cache`: none of its `inputs` (Q, this
+/// step's K and V, the mask tensors it reads) may be computed from them (that would be a cycle),
 /// except through a `Shape` whose every element is a known size or a size of a join
-/// ([`shape_reader`]; a `Shape` of the join itself, or of a tensor computed from it such as
+/// (a [`ShapeReader`]: a `Shape` of the join itself, or of a tensor computed from it such as
 /// LLaMA's head repeat). `at` labels the block (its QK MatMul).
-pub fn takeover(
-    view: &GraphView,
-    cache: &KvCache,
-    [q, k, v]: [&str; 3],
-    masks: &[MaskLayer],
-    at: &str,
-) -> Takeover {
+pub fn takeover(view: &GraphView, cache: &KvCache, inputs: Vec<&str>, at: &str) -> Takeover {
     let presents = [cache.present_key.as_str(), cache.present_value.as_str()];
     let from_joins = computed_from(view, &presents);
-    let mut pending: Vec<&str> = masks
-        .iter()
-        .flat_map(MaskLayer::tensors)
-        .map(String::as_str)
-        .collect();
-    pending.extend([q, k, v]);
+    let mut pending = inputs;
     let mut seen: HashSet<&str> = HashSet::new();
     let mut shape_readers = Vec::new();
     while let Some(t) = pending.pop() {
