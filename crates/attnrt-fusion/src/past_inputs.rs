@@ -12,6 +12,7 @@
 //!   left as they are;
 //! - after a repeat, the query heads are a multiple of the cache's heads (the op groups query
 //!   head `h` with key head `h / (Hq / Hkv)`, as `repeat_kv` does);
+//! - no `nonpad_kv_seqlen` (opset 24) is given;
 //! - nothing the node reads is computed from the joins other than through a `Shape` the
 //!   rewrite recomputes ([`crate::rules::kv_cache::takeover`]).
 //!
@@ -80,6 +81,10 @@ fn plan(view: &GraphView, at: usize, label: &str) -> Option<Result<FoundJoins, S
     let given = |i: usize, list: &[String]| list.get(i).is_some_and(|t| !t.is_empty());
     if given(4, &n.input) || given(5, &n.input) || given(1, &n.output) || given(2, &n.output) {
         return None;
+    }
+    if given(6, &n.input) {
+        // (opset 24's `nonpad_kv_seqlen`, which describes the keys as the node reads them)
+        return Some(Err("cache-concat kept (nonpad_kv_seqlen given)".into()));
     }
     let (q, k, v) = (n.input.first()?, n.input.get(1)?, n.input.get(2)?);
     let k_read = KInput {

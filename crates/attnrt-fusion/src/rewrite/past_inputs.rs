@@ -27,12 +27,11 @@ pub fn give_cache(
     let names = Names::new(graph, &format!("{}/cache", node.name));
     let mut new = Inserted::default();
     cache_shape::replace_readers(graph, kv, &names, &mut new)?;
-    node.input.resize(node.input.len().max(4), String::new());
-    node.input.truncate(4);
+    node.input.resize(node.input.len().max(6), String::new());
     node.input[1] = kv.new_key.clone();
     node.input[2] = kv.new_value.clone();
-    node.input
-        .extend([kv.past_key.clone(), kv.past_value.clone()]);
+    node.input[4] = kv.past_key.clone();
+    node.input[5] = kv.past_value.clone();
     node.output.resize(node.output.len().max(3), String::new());
     node.output[1] = kv.present_key.clone();
     node.output[2] = kv.present_value.clone();
