@@ -54,10 +54,10 @@ def main() -> None:
             for mode in modes:
                 results.setdefault((batch, mode), []).append(run(args, prompts, mode))
     for (batch, mode), rounds in sorted(results.items()):
-        steps = [round(s, 1) for s, _ in rounds]
+        steps = [round(s, 3) for s, _ in rounds]
         ttft = [round(t) for _, t in rounds]
         print(f"batch {batch} {mode}: median step ms {steps} (median "
-              f"{statistics.median(steps):.1f}), time to first token ms {ttft}")
+              f"{statistics.median(steps):.3f}), time to first token ms {ttft}")
 
 
 if __name__ == "__main__":

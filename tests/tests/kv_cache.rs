@@ -24,9 +24,10 @@ const FUSED_VS_UNFUSED: Tolerance = Tolerance {
 const STEPS: [(usize, usize); 3] = [(0, 4), (5, 3), (7, 1)];
 const BATCH: usize = 2;
 
-const MASKS: [CacheMask; 6] = [
+const MASKS: [CacheMask; 7] = [
     CacheMask::None,
     CacheMask::CausalFromPresentShape,
+    CacheMask::WindowFromRepeatShape,
     CacheMask::WindowFromPresentShape,
     CacheMask::TopLeftFromPresentShape,
     CacheMask::PaddingBias,

@@ -11,7 +11,8 @@
 //! else that layer masked (padding) stays as `attn_mask`. Each block's report says how the
 //! triangle was proven, or why `is_causal` was not used.
 //!
-//! How it is built: [`fuse`] runs two passes in order, each a [`pass::FusionPass`] that the one
+//! How it is built: [`fuse`] runs two passes in order (and, between them, gives the `Attention`
+//! nodes already in the model their cache joins), each pass a [`pass::FusionPass`] that the one
 //! driver [`pass::run`] takes through the same steps (find → raise the opset if the fused op
 //! needs it → rematch → rewrite → validate):
 //!
@@ -19,6 +20,8 @@
 //! fuse ─ pass::run(AttentionPass)   find: rules::check on each Softmax ─► Block
 //!                                   raise to 23; rematch each block on the graph the previous
 //!                                   rewrite left; rewrite::rewrite ─► one `Attention` node
+//!      ─ past_inputs::give_caches   `Attention` nodes already in the model (opset-23 exports)
+//!                                   take over the cache joins written outside them
 //!      ─ pass::run(GeluPass)        find: activations::gelu on each Tanh/Erf anchor ─► Gelus
 //!                                   raise to 20; rematch after a raise; all rewritten at once
 //! ```
@@ -54,6 +57,7 @@
 //!   DOT;
 //! - [`pass`]: the pass trait and its driver;
 //! - [`attention`]: the attention pass (Softmax candidates, one block rewritten at a time);
+//! - [`past_inputs`]: `Attention` nodes already in the model take over their cache joins;
 //! - [`activations`]: the GELU pass (one ONNX `Gelu` per exported GELU, all rewritten at once).
 
 #![warn(missing_docs)]
@@ -65,6 +69,7 @@ pub mod graph;
 pub mod masks;
 pub mod mismatch;
 pub mod pass;
+pub mod past_inputs;
 pub mod pattern;
 pub mod report;
 pub mod rewrite;
@@ -101,7 +106,8 @@ impl Default for FusionOptions {
     }
 }
 
-/// Finds and fuses the attention blocks of `model`, then (with `options.gelu`) its GELUs.
+/// Finds and fuses the attention blocks of `model`, gives the `Attention` nodes it already
+/// had their cache joins ([`past_inputs`]), then (with `options.gelu`) fuses its GELUs.
 pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
     validate_model(model).context("the input model is not valid")?;
     let opset_before = opset::default_version(model).unwrap_or(1);
@@ -114,6 +120,8 @@ pub fn fuse(model: &ModelProto, options: &FusionOptions) -> Result<Fused> {
         strict: options.strict,
     };
     let attention = pass::run(&attention_pass, model, &mut report)?;
+    let given = past_inputs::give_caches(attention.as_ref().unwrap_or(model), &mut report)?;
+    let attention = given.or(attention);
     let base = attention.as_ref().unwrap_or(model);
     let gelu = match options.gelu {
         true => pass::run(&GeluPass, base, &mut report)?,

@@ -39,6 +39,7 @@ fn the_cache_joins_become_past_inputs_and_present_outputs() {
     for mask in [
         CacheMask::None,
         CacheMask::CausalFromPresentShape,
+        CacheMask::WindowFromRepeatShape,
         CacheMask::WindowFromPresentShape,
         CacheMask::PaddingBias,
     ] {
@@ -103,6 +104,39 @@ fn a_shape_of_the_join_is_computed_from_the_past_and_new_shapes() {
     assert!(!b.is_causal);
     let note = b.causal_note.as_deref().unwrap_or_default();
     assert!(note.contains("combines two triangles"), "{note}");
+}
+
+#[test]
+fn a_shape_of_a_tensor_computed_from_the_join_is_computed_from_the_past_and_new_shapes() {
+    let f = fused(CacheMask::WindowFromRepeatShape);
+    let g = f.model.graph.as_ref().unwrap();
+    assert!(
+        g.node
+            .iter()
+            .all(|n| n.input.iter().all(|i| i != "present_key")),
+        "a node still reads the join the fused node produces"
+    );
+    assert!(
+        nodes(&f, "Unsqueeze")
+            .iter()
+            .all(|n| n.name != "Unsqueeze_repeat"),
+        "the tensor whose shape was read is gone with the reader"
+    );
+    // Shape(Unsqueeze(present_key, [2])) = [B, 4, 1, P + L, 8]: B and P + L from the join's
+    // shape, 4, 1 and 8 known.
+    let gather = nodes(&f, "Gather")
+        .into_iter()
+        .find(|n| n.name.ends_with("/gather"))
+        .expect("the join's sizes gathered");
+    let axes = g
+        .initializer
+        .iter()
+        .find(|t| t.name == gather.input[1])
+        .unwrap();
+    assert_eq!(attnrt_onnx::tensor::to_i64(axes).unwrap(), [0, 0, 0, 2, 0]);
+    let b = &f.report.blocks[0];
+    assert!(b.rule.contains("kv-cache"), "{}", b.rule);
+    assert!(!b.rule.contains("cache-concat kept"), "{}", b.rule);
 }
 
 #[test]

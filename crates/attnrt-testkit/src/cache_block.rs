@@ -40,6 +40,10 @@ pub enum CacheMask {
     /// Mistral's): not the op's causal rule, so the mask stays a tensor computed from the join's
     /// shape.
     WindowFromPresentShape,
+    /// The window with `T` read from the shape of a tensor computed from the join,
+    /// `Shape(Unsqueeze(present_key, [2]))[3]` (as optimum's LLaMA reads it from the
+    /// head-repeated keys).
+    WindowFromRepeatShape,
     /// `Where(Range(0, T) ≤ Range(0, L)ᵀ, scores, finfo.min)`: the top-left triangle, which is
     /// not the op's causal rule once a past is given (a near miss by the past length).
     TopLeftFromPresentShape,
@@ -82,8 +86,13 @@ pub fn cache_block(mask: CacheMask) -> ModelProto {
     let s = g.op("Div", "scale", &[&s, &sqrt_d], vec![]);
     let s = match mask {
         CacheMask::None => s,
-        CacheMask::CausalFromPresentShape => g.causal_from_shape(&s, &q, &present_k, None),
-        CacheMask::WindowFromPresentShape => g.causal_from_shape(&s, &q, &present_k, Some(3)),
+        CacheMask::CausalFromPresentShape => g.causal_from_shape(&s, &q, (&present_k, 2), None),
+        CacheMask::WindowFromRepeatShape => {
+            let ax = g.g.initializer(tensor_i64_1d("repeat_axis", &[2]));
+            let r = g.op("Unsqueeze", "repeat", &[&present_k, &ax], vec![]);
+            g.causal_from_shape(&s, &q, (&r, 3), Some(3))
+        }
+        CacheMask::WindowFromPresentShape => g.causal_from_shape(&s, &q, (&present_k, 2), Some(3)),
         CacheMask::TopLeftFromPresentShape => g.top_left(&s, &q, &present_k),
         CacheMask::FromPresentValues => g.term_from_values(&s, &present_k),
         CacheMask::PaddingBias => g.padding_bias(&s),
@@ -172,16 +181,17 @@ impl Layer {
     }
 
     /// The causal rule from positions: `keys = Range(0, total)`, `queries = Range(total − L,
-    /// total)`, `Where(keys ≤ queries, scores, finfo.min)` with `total` read from the join;
-    /// with a `window`, also `keys > queries − window`.
+    /// total)`, `Where(keys ≤ queries, scores, finfo.min)` with `total` the size of `sized` on
+    /// `axis` (the join's axis 2, or a tensor computed from it); with a `window`, also
+    /// `keys > queries − window`.
     fn causal_from_shape(
         &mut self,
         scores: &str,
         q: &str,
-        present_k: &str,
+        (sized, axis): (&str, i64),
         window: Option<i64>,
     ) -> String {
-        let total = self.size(present_k, 2, "total");
+        let total = self.size(sized, axis, "total");
         let lq = self.size(q, 2, "lq");
         let start = self.op("Sub", "start", &[&total, &lq], vec![]);
         let zero = self.g.initializer(tensor_i64("zero", &[], &[0]));

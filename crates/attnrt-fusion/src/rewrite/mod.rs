@@ -5,18 +5,21 @@
 //! - `cache_shape`: `Shape` of a cache join the mask is computed from, recomputed from the
 //!   past's and this step's shapes;
 //! - `mask`: the `attn_mask` input built from the remaining mask layers;
+//! - `past_inputs`: an `Attention` node already in the graph given its cache joins;
 //! - `splice`: the matched nodes (and what they alone read) out, the new nodes in, the
 //!   graph's declarations tidied.
 
 mod cache_shape;
 mod inserted;
 mod mask;
+mod past_inputs;
 mod splice;
 
 use anyhow::Result;
 use attnrt_onnx::{attr, tensor, AttributeProto, GraphProto, NodeProto};
 
 use self::inserted::{Inserted, Names};
+pub use self::past_inputs::give_cache;
 pub use self::splice::replace_nodes;
 use crate::rules::{AttentionMatch, Layout};
 

@@ -24,7 +24,6 @@ use attnrt_onnx::attr;
 
 use super::k_transpose::KInput;
 use crate::graph::GraphView;
-use crate::masks::MaskLayer;
 use crate::mismatch::{Check, Mismatch};
 
 /// The cache tensors of an absorbed join.
@@ -42,10 +41,31 @@ pub struct KvCache {
     pub new_key: String,
     /// This step's values.
     pub new_value: String,
-    /// `Shape` nodes reading a join whose result the block's inputs are computed from (a
-    /// causal mask sliced to the key length): the rewrite computes them from the past's and
-    /// this step's shapes instead, as the fused node's outputs cannot feed its own inputs.
-    pub shape_readers: Vec<usize>,
+    /// `Shape` nodes whose result the block's inputs are computed from (a causal mask sliced
+    /// to the key length), reading a join or a tensor computed from one: the rewrite computes
+    /// them from the past's and this step's shapes instead, as the fused node's outputs cannot
+    /// feed its own inputs.
+    pub shape_readers: Vec<ShapeReader>,
+}
+
+/// A `Shape` node the rewrite recomputes without the joins, element by element.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapeReader {
+    /// The `Shape` node.
+    pub node: usize,
+    /// Whether its sizes of the joins are the keys' join's (else the values').
+    pub of_key: bool,
+    /// Its output's elements.
+    pub dims: Vec<ShapeDim>,
+}
+
+/// One element of a recomputed `Shape`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ShapeDim {
+    /// A size known before run time.
+    Known(i64),
+    /// Axis `a` of the join (`[B, Hkv, P + L, D]`).
+    Axis(usize),
 }
 
 /// One join `Concat(past, new, axis = 2)` found above K or V.
@@ -163,36 +183,28 @@ fn join_above(view: &GraphView, t: &str) -> Option<Join> {
 /// Whether the fused node can produce a pair of joins it reads this step's K and V from.
 #[derive(Clone, Debug)]
 pub enum Takeover {
-    /// It can; these `Shape` nodes reading a join are recomputed by the rewrite.
+    /// It can; these `Shape` nodes are recomputed by the rewrite.
     Producible {
-        /// The `Shape` nodes, sorted.
-        shape_readers: Vec<usize>,
+        /// The `Shape` nodes, sorted by node.
+        shape_readers: Vec<ShapeReader>,
     },
     /// It cannot: the joins stay outside.
     Kept(Kept),
 }
 
-/// Whether the fused node can produce the joins of `cache`: none of its inputs (`q`, `k`, `v`
-/// and the tensors of the `masks` it reads) may be computed from them (that would be a cycle),
-/// except through `Shape`. `at` labels the block (its QK MatMul).
-pub fn takeover(
-    view: &GraphView,
-    cache: &KvCache,
-    [q, k, v]: [&str; 3],
-    masks: &[MaskLayer],
-    at: &str,
-) -> Takeover {
+/// Whether the fused node can produce the joins of `cache`: none of its `inputs` (Q, this
+/// step's K and V, the mask tensors it reads) may be computed from them (that would be a cycle),
+/// except through a `Shape` whose every element is a known size or a size of a join
+/// (a [`ShapeReader`]: a `Shape` of the join itself, or of a tensor computed from it such as
+/// LLaMA's head repeat). `at` labels the block (its QK MatMul).
+pub fn takeover(view: &GraphView, cache: &KvCache, inputs: Vec<&str>, at: &str) -> Takeover {
     let presents = [cache.present_key.as_str(), cache.present_value.as_str()];
-    let mut pending: Vec<&str> = masks
-        .iter()
-        .flat_map(MaskLayer::tensors)
-        .map(String::as_str)
-        .collect();
-    pending.extend([q, k, v]);
+    let from_joins = computed_from(view, &presents);
+    let mut pending = inputs;
     let mut seen: HashSet<&str> = HashSet::new();
     let mut shape_readers = Vec::new();
     while let Some(t) = pending.pop() {
-        if !seen.insert(t) {
+        if !from_joins.contains(t) || !seen.insert(t) {
             continue;
         }
         if presents.contains(&t) {
@@ -205,13 +217,73 @@ pub fn takeover(
         }
         let Some(q) = view.producer(t) else { continue };
         let n = view.node(q);
-        if n.op_type == "Shape" && presents.contains(&n.input[0].as_str()) {
-            shape_readers.push(q);
-            continue;
+        if n.op_type == "Shape" {
+            if let Some(r) = shape_reader(view, cache, q) {
+                shape_readers.push(r);
+                continue;
+            }
         }
         pending.extend(n.input.iter().filter(|i| !i.is_empty()).map(String::as_str));
     }
-    shape_readers.sort_unstable();
-    shape_readers.dedup();
+    shape_readers.sort_unstable_by_key(|r| r.node);
+    shape_readers.dedup_by_key(|r| r.node);
     Takeover::Producible { shape_readers }
+}
+
+/// The tensors computed from `presents` (them included).
+fn computed_from<'a>(view: &'a GraphView, presents: &[&'a str]) -> HashSet<&'a str> {
+    let mut found: HashSet<&str> = HashSet::new();
+    let mut pending = presents.to_vec();
+    while let Some(t) = pending.pop() {
+        if !found.insert(t) {
+            continue;
+        }
+        for &c in view.consumers(t) {
+            pending.extend(view.node(c).output.iter().map(String::as_str));
+        }
+    }
+    found
+}
+
+/// The `Shape` node `n` as the rewrite recomputes it, when each element it outputs is a known
+/// size or (symbolically) a size of one of the joins, the same join for all.
+fn shape_reader(view: &GraphView, cache: &KvCache, n: usize) -> Option<ShapeReader> {
+    let node = view.node(n);
+    let input = node.input.first()?;
+    let shape = view.shape(input)?;
+    let (start, end) = shape_range(node, shape.len())?;
+    let dims = &shape[start..end];
+    let read = |present: &str, of_key: bool| {
+        if input == present {
+            let dims = (start..end).map(ShapeDim::Axis).collect();
+            return Some(ShapeReader {
+                node: n,
+                of_key,
+                dims,
+            });
+        }
+        let join = view.shape(present)?;
+        let dims = dims
+            .iter()
+            .map(|d| match d.as_known() {
+                Some(v) => Some(ShapeDim::Known(v)),
+                None => join.iter().position(|j| j == d).map(ShapeDim::Axis),
+            })
+            .collect::<Option<_>>()?;
+        Some(ShapeReader {
+            node: n,
+            of_key,
+            dims,
+        })
+    };
+    read(&cache.present_key, true).or_else(|| read(&cache.present_value, false))
+}
+
+/// `Shape`'s `start`/`end` on an input of `rank`, clamped as the spec says.
+fn shape_range(n: &attnrt_onnx::NodeProto, rank: usize) -> Option<(usize, usize)> {
+    let rank = rank as i64;
+    let norm = |v: i64| (if v < 0 { v.saturating_add(rank) } else { v }).clamp(0, rank) as usize;
+    let start = norm(attr::int(n, "start").ok()?.unwrap_or(0));
+    let end = norm(attr::int(n, "end").ok()?.unwrap_or(rank));
+    Some((start, end.max(start)))
 }

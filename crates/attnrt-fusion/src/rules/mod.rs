@@ -60,6 +60,7 @@ use self::qk_output::QkTap;
 use self::scale::ScaleAttr;
 use self::three_d::HeadLayout;
 use crate::graph::{Dim, GraphView};
+use crate::masks::MaskLayer;
 use crate::mismatch::{Check, Mismatch};
 
 /// A proven attention block, ready to rewrite: the values of the pipeline's last stages.
@@ -134,12 +135,19 @@ fn with_cache(
         strict,
     )?;
     let p = &mut m.placed;
-    let inputs = [p.q.as_str(), p.k.source.as_str(), p.v.as_str()];
+    let mut inputs = vec![p.q.as_str(), p.k.source.as_str(), p.v.as_str()];
+    inputs.extend(
+        m.mask
+            .masks
+            .iter()
+            .flat_map(MaskLayer::tensors)
+            .map(String::as_str),
+    );
     let at = node_label(view.node(p.core.qk));
-    match kv_cache::takeover(view, &cache, inputs, &m.mask.masks, &at) {
+    match kv_cache::takeover(view, &cache, inputs, &at) {
         Takeover::Producible { shape_readers } => {
             // The rewrite replaces them (their outputs keep their names).
-            p.core.nodes.extend(&shape_readers);
+            p.core.nodes.extend(shape_readers.iter().map(|r| r.node));
             p.kv = Some(kv_cache::KvCache {
                 shape_readers,
                 ..cache
