@@ -37,7 +37,6 @@ pub(super) unsafe fn product(p: &PanelProduct, y: *mut f32, y_stride: usize) {
         // (one line a step for many tiles; a decode step's single tile takes four a step, a
         // whole panel row, so that all the next block is asked for, not its first quarter).
         let share = (KC * LINES_PER_ROW).div_ceil(tiles);
-        let lines_per_step = share.div_ceil(kc);
         let mut t = 0;
         while t < p.tokens {
             let rows = MR.min(p.tokens - t);
@@ -50,7 +49,6 @@ pub(super) unsafe fn product(p: &PanelProduct, y: *mut f32, y_stride: usize) {
                 ys: y_stride,
                 prefetch: next.wrapping_add(t / MR * share * LINE),
                 prefetch_lines: share,
-                lines_per_step,
             };
             match rows {
                 6 => tile.run::<6>(p.width, p.alpha, onto, activation),
@@ -95,8 +93,6 @@ struct Tile {
     /// lines to prefetch into L2 (a hint: never dereferenced, may lie past the panel)
     prefetch: *const f32,
     prefetch_lines: usize,
-    /// lines prefetched per input feature (`prefetch_lines / kc`, rounded up)
-    lines_per_step: usize,
 }
 
 impl Tile {
@@ -111,9 +107,11 @@ impl Tile {
         activation: Option<Activation>,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 4]; R];
+        // The prefetch lines spread over the kc input features, rounded up.
+        let lines_per_step = self.prefetch_lines.div_ceil(self.kc);
         for kk in 0..self.kc {
-            let first = kk * self.lines_per_step;
-            for l in first..(first + self.lines_per_step).min(self.prefetch_lines) {
+            let first = kk * lines_per_step;
+            for l in first..(first + lines_per_step).min(self.prefetch_lines) {
                 let line = self.prefetch.wrapping_add(l * LINE);
                 _mm_prefetch::<_MM_HINT_T1>(line as *const i8);
             }
