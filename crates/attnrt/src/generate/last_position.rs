@@ -102,8 +102,8 @@ fn logits_product(index: &GraphIndex, logits: &str) -> Result<(usize, HashSet<St
     loop {
         // (a node's readings are counted once: one that reads a value twice is refused anyway,
         // as the chain's node for its operands or as a second reader)
-        let outputs = index.graph.output.iter().filter(|o| o.name == value);
-        if index.consumers(value).len() + outputs.count() != 1 {
+        let as_output = usize::from(index.is_graph_output(value));
+        if index.consumers(value).len() + as_output != 1 {
             return Err(format!("'{value}' is read by more than the logits"));
         }
         chain.insert(value.to_string());
