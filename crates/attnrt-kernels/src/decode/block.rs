@@ -143,9 +143,10 @@ unsafe fn split<const FMA: bool, const WIDE: bool>(
     let mut jb = j0;
     while jb < j1 {
         let nb = KB.min(j1 - jb);
-        prefetch_rows(plan, b, kvh, jb + PREFETCH_AHEAD * KB, j1);
+        let mut ahead = Lookahead::new(b, kvh, jb, j1);
         block_rows(plan, rows, b, kvh, jb, nb);
-        scores::<FMA, WIDE>(plan, rows, nb);
+        scores::<FMA, WIDE>(plan, rows, nb, &mut ahead);
+        ahead.advance(plan, KB);
         for r in 0..nrows {
             let srow = &mut rows.s[r * KB..(r + 1) * KB];
             bias_row(plan, srow, b, kvh, r, jb, nb);
@@ -166,19 +167,55 @@ unsafe fn split<const FMA: bool, const WIDE: bool>(
     part[2 * nrows..].copy_from_slice(&rows.o);
 }
 
-/// How many blocks ahead [`prefetch_rows`] asks for K and V rows.
+/// How many blocks ahead the K and V rows are asked for ([`Lookahead`]).
 const PREFETCH_AHEAD: usize = 2;
 
-/// Asks for the K and V rows of the block at `jb` (if before `end`) to be fetched into L2.
-/// The decode path does little arithmetic per byte, so the hardware prefetcher alone (which
-/// stops at page boundaries and sees two interleaved streams) leaves the core waiting on
-/// memory; fetching two blocks ahead keeps enough misses in flight.
+/// The K and V rows of the block [`PREFETCH_AHEAD`] blocks ahead, asked to be fetched into L2 a
+/// few keys at a time while the current block's scores are computed. The decode path does
+/// little arithmetic per byte, so the hardware prefetcher alone (which stops at page boundaries
+/// and sees two interleaved streams) leaves the core waiting on memory. Asking for a whole block
+/// at once (256 lines at a head size of 64) stalled the core on full miss buffers; spread over
+/// the score tiles, the requests keep misses in flight while the arithmetic goes on
+/// (benches/README.md, "Decode attention at batch 4").
+struct Lookahead {
+    b: usize,
+    kvh: usize,
+    /// the next key to ask for
+    next: usize,
+    /// the end of the block ahead (or of the split)
+    end: usize,
+}
+
+impl Lookahead {
+    /// The block ahead of the one at `jb`, in a split ending at `j1`.
+    fn new(b: usize, kvh: usize, jb: usize, j1: usize) -> Lookahead {
+        let next = jb + PREFETCH_AHEAD * KB;
+        Lookahead {
+            b,
+            kvh,
+            next,
+            end: (next + KB).min(j1),
+        }
+    }
+
+    /// Asks for the rows of the next `keys` keys of the block ahead (none once it is covered).
+    #[inline(always)]
+    unsafe fn advance(&mut self, plan: &Plan, keys: usize) {
+        let to = self.end.min(self.next + keys);
+        if self.next < to {
+            prefetch_rows(plan, self.b, self.kvh, self.next..to);
+            self.next = to;
+        }
+    }
+}
+
+/// Asks for the K and V rows of keys `keys` of `(b, kvh)` to be fetched into L2.
 #[inline(always)]
-unsafe fn prefetch_rows(plan: &Plan, b: usize, kvh: usize, jb: usize, end: usize) {
+unsafe fn prefetch_rows(plan: &Plan, b: usize, kvh: usize, keys: std::ops::Range<usize>) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        for j in jb..end.min(jb + KB) {
+        for j in keys {
             let (k, v) = (key_row(plan, b, kvh, j), value_row(plan, b, kvh, j));
             for ((row, st3), n) in [(k, plan.d), (v, plan.dv)] {
                 let span = (n.max(1) - 1) as isize * st3;
@@ -191,7 +228,7 @@ unsafe fn prefetch_rows(plan: &Plan, b: usize, kvh: usize, jb: usize, end: usize
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (plan, b, kvh, jb, end);
+    let _ = (plan, b, kvh, keys);
 }
 
 /// Where key `j` of `(b, kvh)` is read, and its element stride: the past for an appending
@@ -378,19 +415,24 @@ unsafe fn row_ptr(
 }
 
 /// `s[r][t] = qp[r] · K[t]` for the block, in tiles of up to 4 rows × 2 keys (× 4 keys with
-/// `WIDE` and a head size a multiple of 16).
+/// `WIDE` and a head size a multiple of 16); `ahead` moves on by each tile's keys.
 #[inline(always)]
-unsafe fn scores<const FMA: bool, const WIDE: bool>(plan: &Plan, rows: &mut Rows, nb: usize) {
+unsafe fn scores<const FMA: bool, const WIDE: bool>(
+    plan: &Plan,
+    rows: &mut Rows,
+    nb: usize,
+    ahead: &mut Lookahead,
+) {
     let (nrows, d) = (plan.rows(), plan.d);
     let (qp, s) = (rows.qp.as_ptr(), rows.s.as_mut_ptr());
     let mut r = 0;
     while r < nrows {
         let (q, srow) = (qp.add(r * d), s.add(r * KB));
         match nrows - r {
-            1 => score_rows::<FMA, WIDE, 1>(q, d, &rows.kptr, nb, srow),
-            2 => score_rows::<FMA, WIDE, 2>(q, d, &rows.kptr, nb, srow),
-            3 => score_rows::<FMA, WIDE, 3>(q, d, &rows.kptr, nb, srow),
-            _ => score_rows::<FMA, WIDE, 4>(q, d, &rows.kptr, nb, srow),
+            1 => score_rows::<FMA, WIDE, 1>(plan, ahead, q, &rows.kptr, nb, srow),
+            2 => score_rows::<FMA, WIDE, 2>(plan, ahead, q, &rows.kptr, nb, srow),
+            3 => score_rows::<FMA, WIDE, 3>(plan, ahead, q, &rows.kptr, nb, srow),
+            _ => score_rows::<FMA, WIDE, 4>(plan, ahead, q, &rows.kptr, nb, srow),
         }
         r += 4;
     }
@@ -398,22 +440,26 @@ unsafe fn scores<const FMA: bool, const WIDE: bool>(plan: &Plan, rows: &mut Rows
 
 #[inline(always)]
 unsafe fn score_rows<const FMA: bool, const WIDE: bool, const NR: usize>(
+    plan: &Plan,
+    ahead: &mut Lookahead,
     q: *const f32,
-    d: usize,
     k: &[*const f32; KB],
     nb: usize,
     s: *mut f32,
 ) {
+    let d = plan.d;
     let mut t = 0;
     #[cfg(target_arch = "x86_64")]
     if WIDE && d.is_multiple_of(16) {
         while t + 4 <= nb {
+            ahead.advance(plan, 4);
             let keys = [k[t], k[t + 1], k[t + 2], k[t + 3]];
             super::avx512::dot_tile4::<NR>(q, d, keys, s.add(t));
             t += 4;
         }
     }
     while t + 2 <= nb {
+        ahead.advance(plan, 2);
         dot_tile::<FMA, NR, 2>(q, d, [k[t], k[t + 1]], s.add(t));
         t += 2;
     }
