@@ -136,6 +136,8 @@ unsafe fn split<const FMA: bool, const WIDE: bool>(
     let nrows = plan.rows();
     let j0 = s * plan.split_len;
     let j1 = (j0 + plan.split_len).min(plan.keys);
+    // The blocks before the first lookahead's, at once: nothing runs yet to spread them over.
+    prefetch_rows(plan, b, kvh, j0..j1.min(j0 + PREFETCH_AHEAD * KB));
     pack_queries(plan, rows, b, kvh);
     rows.m.fill(f32::NEG_INFINITY);
     rows.l.fill(0.0);
