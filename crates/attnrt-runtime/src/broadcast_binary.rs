@@ -7,8 +7,8 @@
 //! 2 ns a value. A decoder's rotary embedding at batch 4 is such a case: `q · cos` is
 //! `[4, 12, 1, 64] × [4, 1, 1, 64]` (unicast at batch 1), 48 of them per step, ≈ 6 µs each.
 //!
-//! [`take_over_generic_binops`] runs on tract's optimized plan: each `TypedBinOp` it still holds
-//! for one of those four operations on float32 operands and result ([`takes_over`], the one
+//! `take_over_generic_binops` runs on tract's optimized plan: each `TypedBinOp` it still holds
+//! for one of those four operations on float32 operands and result (`takes_over`, the one
 //! place that decides) becomes a [`BroadcastBinaryOp`]; whatever tract optimized or fused is
 //! left as it is. The values are tract's: one IEEE operation per element, operands in their
 //! order. Without attnrt's ops the plan is tract's alone (the op registry's switch).
