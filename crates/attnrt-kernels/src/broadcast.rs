@@ -96,7 +96,8 @@ struct Axis {
 
 impl Broadcast {
     /// The broadcast of shapes `a` and `b` (ONNX's rule: aligned on the right, each pair of
-    /// sizes equal or one of them 1); `None` when they do not broadcast.
+    /// sizes equal or one of them 1); `None` when they do not broadcast, or when a count of
+    /// values overflows `usize`.
     pub fn new(a: &[usize], b: &[usize]) -> Option<Broadcast> {
         let rank = a.len().max(b.len());
         let size_of =
@@ -124,12 +125,13 @@ impl Broadcast {
                 Some(last)
                     if (last.a_repeats, last.b_repeats) == (here.a_repeats, here.b_repeats) =>
                 {
-                    last.size *= size;
+                    // exact unless the result is empty (every size divides its count)
+                    last.size = last.size.saturating_mul(size);
                 }
                 _ => axes.push(here),
             }
         }
-        let len = shape.iter().product();
+        let len = volume(&shape)?;
         let inner_axis = axes.pop().unwrap_or(Axis {
             size: 1,
             a_repeats: false,
@@ -145,15 +147,15 @@ impl Broadcast {
             for (s, axis) in out.iter_mut().zip(&axes).rev() {
                 if !repeats(axis) {
                     *s = stride;
-                    stride *= axis.size;
+                    stride = stride.saturating_mul(axis.size);
                 }
             }
             out
         };
         Some(Broadcast {
             len,
-            a_len: a.iter().product(),
-            b_len: b.iter().product(),
+            a_len: volume(a)?,
+            b_len: volume(b)?,
             a_strides: strides(|x| x.a_repeats),
             b_strides: strides(|x| x.b_repeats),
             outer: axes.iter().map(|x| x.size).collect(),
@@ -196,6 +198,15 @@ impl Broadcast {
         s.push(self.inner);
         s
     }
+}
+
+/// The count of values of a shape (0 with an empty axis, whatever the others); `None` when it
+/// overflows.
+fn volume(shape: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
 }
 
 /// Where an operand's values are read from.
@@ -492,6 +503,10 @@ mod tests {
     fn shapes_that_do_not_broadcast_are_refused() {
         assert!(Broadcast::new(&[2, 3], &[3, 2]).is_none());
         assert!(Broadcast::new(&[0], &[2]).is_none());
+        let huge = usize::MAX / 2;
+        assert!(Broadcast::new(&[huge, 1], &[1, 3]).is_none());
+        let l = Broadcast::new(&[huge, 1, 0], &[1, huge, 1]).unwrap();
+        assert!(l.is_empty());
         let l = Broadcast::new(&[0, 3], &[1, 3]).unwrap();
         assert_eq!((l.shape(), l.len()), (&[0, 3][..], 0));
     }

@@ -125,7 +125,7 @@ impl EvalOp for BroadcastBinaryOp {
         let (a, b) = args_2!(inputs);
         let layout = Broadcast::new(a.shape(), b.shape()).with_context(|| {
             format!(
-                "{:?}: shapes {:?} and {:?} do not broadcast",
+                "{:?}: shapes {:?} and {:?} do not broadcast (or their result is too large)",
                 self.op,
                 a.shape(),
                 b.shape()
