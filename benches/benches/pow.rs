@@ -14,7 +14,7 @@
 
 use anyhow::Result;
 use attnrt::harness::{read_npz_tensors, time_paired};
-use attnrt_benches::{env_list, machine_note, random_input, Table};
+use attnrt_benches::{env_list, machine_note, paired_row, random_input, Table};
 use attnrt_onnx::{load_model, Limits, ModelProto};
 use attnrt_runtime::{NamedTensor, Session, SessionOptions, ShapePolicy, Threads};
 use attnrt_testkit::{manifest::models_dir, pow_model};
@@ -69,14 +69,7 @@ fn main() -> Result<()> {
             let lowered = session(&case, &threads, true)?;
             let reference = session(&case, &threads, false)?;
             let t = time_paired(&lowered, &reference, &case.inputs, 3, rounds, || {})?;
-            let [q1, ratio, q3] = t.ratio_b_over_a;
-            table.row(vec![
-                case.name.clone(),
-                n.to_string(),
-                format!("{:.3}", t.b.median_ms),
-                format!("{:.3}", t.a.median_ms),
-                format!("{ratio:.2}x ({q1:.2}-{q3:.2})"),
-            ]);
+            table.row(paired_row(&case.name, n, &t, 3));
         }
     }
     println!("{}", table.render());

@@ -280,6 +280,24 @@ pub fn fmt_opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("–".into(), |v| format!("{v:.digits$}"))
 }
 
+/// A row of a paired table (`case`, threads, `b`'s median ms, `a`'s, the median of the
+/// per-round ratios `b / a` with its quartiles), times to `decimals` places.
+pub fn paired_row(
+    case: &str,
+    threads: usize,
+    t: &attnrt::harness::PairedTiming,
+    decimals: usize,
+) -> Vec<String> {
+    let [q1, ratio, q3] = t.ratio_b_over_a;
+    vec![
+        case.to_string(),
+        threads.to_string(),
+        format!("{:.decimals$}", t.b.median_ms),
+        format!("{:.decimals$}", t.a.median_ms),
+        format!("{ratio:.2}x ({q1:.2}-{q3:.2})"),
+    ]
+}
+
 /// The load average and whether other heavy processes (compilers) are running, to print next to
 /// timings: the machine is shared, and a timing taken during a build is not worth much.
 pub fn machine_note() -> String {

@@ -45,12 +45,14 @@
 //!
 //! Besides attention, the other kernels a transformer's run spends its time in: [`projection`]
 //! (weights packed once, tiled into tasks on the [`panel`] kernel or the `gemm` crate, with the
-//! activation that follows them applied as they store, [`act`]) and [`norm`] (layer
-//! normalization over rows).
+//! activation that follows them applied as they store, [`act`]), [`norm`] (layer
+//! normalization over rows) and [`broadcast`] (element-wise arithmetic of two tensors of any
+//! shapes that broadcast).
 
 #![warn(missing_docs)]
 
 pub mod act;
+pub mod broadcast;
 mod cache;
 mod decode;
 mod dispatch;

@@ -70,6 +70,17 @@ impl ThreadPolicy {
     pub fn elementwise_chunk(&self) -> usize {
         self.elementwise_chunk
     }
+
+    /// This policy with element-wise ops spread from `values` values on, in chunks of `chunk`
+    /// (tests: small inputs split as large ones are).
+    #[cfg(test)]
+    pub(crate) fn spreading_from(self, values: usize, chunk: usize) -> ThreadPolicy {
+        ThreadPolicy {
+            serial_below_values: values,
+            elementwise_chunk: chunk,
+            ..self
+        }
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@
 //!   `x: [..., K]` by a constant `W: [K, N]`, the output fact, the row-major eval.
 //! - [`layer_norm`]: `LayerNormalization` as one op over rows.
 //! - [`gelu`]: `Gelu` split over the session's threads.
+//! - [`broadcast_binary`]: float32 `Add`/`Sub`/`Mul`/`Div` that tract's optimized plan leaves on
+//!   its generic broadcast, on attnrt's broadcast kernel.
 //! - [`gather`]: `Gather` with its indices checked (tract's indexes without a bounds check).
 //! - [`tensor`]: named tensors, and the inputs a model declares.
 //! - [`plan`]: plans per input shape, kept in a bounded cache.
@@ -33,6 +35,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod broadcast_binary;
 pub mod divide;
 mod embedding;
 mod flatten;

@@ -21,6 +21,7 @@ use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
 
 use crate::kv_store::KvStore;
 use crate::memory::{MemoryEstimate, PlanSizes};
+use crate::options::SessionOptions;
 use crate::threads::Threads;
 
 /// How a plan treats one input dimension.
@@ -88,14 +89,15 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Optimizes `parsed` (tract's inference model, as parsed) for the shapes of `key` and
-    /// plans it on `threads`; a value of known shape over `budget` is refused before tract
-    /// optimizes.
+    /// Optimizes `parsed` (tract's inference model, as parsed) for the shapes of `key`, puts
+    /// the ops `options` switch on in tract's optimized plan (`registry.rs`'s plan ops) and
+    /// plans it on `threads`; a value of known shape over `options`' memory budget is refused
+    /// before tract optimizes.
     pub fn build(
         parsed: &InferenceModel,
         key: &PlanKey,
         threads: &Threads,
-        budget: &MemoryBudget,
+        options: &SessionOptions,
     ) -> Result<Plan> {
         let mut model = parsed.clone();
         let anchor: Option<TDim> = key.anchor.as_ref().map(|a| model.symbols.sym(a).into());
@@ -121,9 +123,11 @@ impl Plan {
         let typed = model
             .into_typed()
             .context("tract cannot infer the graph's types and shapes")?;
-        crate::memory::check_typed_outputs(&typed, budget)?;
-        let optimized =
+        crate::memory::check_typed_outputs(&typed, &options.max_memory)?;
+        let mut optimized =
             optimize(typed, key.is_symbolic()).context("tract cannot optimize the graph")?;
+        crate::registry::take_over_plan(&mut optimized, options)
+            .context("putting attnrt's ops in tract's optimized plan")?;
         let options = RunOptions {
             executor: Some(Executor::MultiThread(threads.pool().clone())),
             ..Default::default()

@@ -8,14 +8,17 @@
 //!
 //! A new execution op: its module defines the op, its name and an
 //! `OnnxParser` static per ONNX op type it parses (`tract_parser.rs`); one entry here registers
-//! it. Folds into an op (a bias `Add` or a `Gelu` into a projection) are tract declutter rules of
+//! it. An op that takes the place of tract's only where tract's optimization left its generic
+//! form is instead an entry of [`PLAN_OPS`], which rewrite each plan tract has optimized. Folds into an op (a bias `Add` or a `Gelu` into a projection) are tract declutter rules of
 //! the op, in its module (`projection.rs`, `gelu.rs`).
+
+use tract_onnx::prelude::{TractResult, TypedModel};
 
 use crate::options::{SessionOptions, Switch};
 use crate::tract_parser::OnnxParser;
 use crate::{
-    attention, divide, flatten, gather, gelu, integer_to_float, layer_norm, matmul_integer,
-    projection, quant_projection, quantize_linear, symbolic_mul,
+    attention, broadcast_binary, divide, flatten, gather, gelu, integer_to_float, layer_norm,
+    matmul_integer, projection, quant_projection, quantize_linear, symbolic_mul,
 };
 
 /// What an op counts as in [`OpCounts`].
@@ -140,6 +143,40 @@ pub(crate) static OPS: &[RuntimeOp] = &[
     },
 ];
 
+/// One of attnrt's ops put in place of tract's in a plan tract has optimized (nothing in the
+/// parser changes): named, counted and switched as [`RuntimeOp`]s are.
+pub(crate) struct PlanOp {
+    /// Its name in a planned graph.
+    pub(crate) name: &'static str,
+    /// What it counts as in reports.
+    pub(crate) counts_as: Counted,
+    /// When plans get it.
+    pub(crate) switch: Switch,
+    /// Puts it in place of the ops of tract's optimized plan that its module chooses.
+    pub(crate) take_over: fn(&mut TypedModel) -> TractResult<()>,
+}
+
+/// Every op put into optimized plans, in the order they are put in.
+pub(crate) static PLAN_OPS: &[PlanOp] = &[
+    // Float32 `Add`/`Sub`/`Mul`/`Div` that tract left on its generic broadcast (the rotary
+    // embedding of a batch): counted with tract's element-wise ops, as the reports have them.
+    PlanOp {
+        name: broadcast_binary::OP_NAME,
+        counts_as: Counted::Other,
+        switch: Switch::AttnrtOps,
+        take_over: broadcast_binary::take_over_generic_binops,
+    },
+];
+
+/// `model`, a plan tract has optimized, with every op of [`PLAN_OPS`] that `options` switch on
+/// in place of tract's.
+pub(crate) fn take_over_plan(model: &mut TypedModel, options: &SessionOptions) -> TractResult<()> {
+    for op in PLAN_OPS.iter().filter(|op| op.switch.is_on(options)) {
+        (op.take_over)(model)?;
+    }
+    Ok(())
+}
+
 /// tract's names of the nodes that hold graph inputs and constants: not operations, neither
 /// counted nor profiled.
 const NOT_OPERATIONS: [&str; 2] = ["Source", "Const"];
@@ -193,7 +230,14 @@ impl OpCounts {
             let counted = OPS
                 .iter()
                 .find(|op| op.name == name)
-                .map_or(Counted::Other, |op| op.counts_as);
+                .map(|op| op.counts_as)
+                .or_else(|| {
+                    PLAN_OPS
+                        .iter()
+                        .find(|op| op.name == name)
+                        .map(|op| op.counts_as)
+                })
+                .unwrap_or(Counted::Other);
             match counted {
                 Counted::Attention => c.attention += 1,
                 Counted::Projection => c.projection += 1,
@@ -249,6 +293,10 @@ mod tests {
             );
             assert!(is_operation(op.name));
             assert!(!op.parsers.is_empty(), "{} has no parser", op.name);
+        }
+        for op in PLAN_OPS {
+            assert!(names.insert(op.name), "{} is named twice", op.name);
+            assert!(op.name.starts_with("Attnrt") && is_operation(op.name));
         }
         // In any one session, one parser per op type.
         for attnrt_ops in [true, false] {

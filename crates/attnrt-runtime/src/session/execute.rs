@@ -75,9 +75,8 @@ impl Session {
         let started = std::time::Instant::now();
         let plan = self.threads.install(|| {
             guarded(&self.what, || {
-                let budget = &self.options.max_memory;
                 crate::kernels::planning(&self.kernels, || {
-                    Plan::build(self.graph_for(key), key, &self.threads, budget)
+                    Plan::build(self.graph_for(key), key, &self.threads, &self.options)
                 })
                 .with_context(|| {
                     format!("{}: planning for input shapes {}", self.what, key_str(key))
