@@ -672,7 +672,8 @@ fn print_text(
         r.time_to_first_token_ms
     );
     if let (Some(tps), Some(ms)) = (r.decode_tokens_per_s, r.median_step_ms) {
-        println!("decode: {tps:.1} tokens/s, median {ms:.3} ms per step (steps that made a plan excluded)");
+        let outside = r.median_step_outside_ms.unwrap_or(0.0);
+        println!("decode: {tps:.1} tokens/s, median {ms:.3} ms per step, {outside:.3} ms of it outside the nodes (steps that made a plan excluded)");
     }
     println!(
         "plans: {} built in {:.1} ms (one for the prompt and one for the decode steps, at load; per batch size where tract cannot keep the batch symbolic)",

@@ -209,7 +209,8 @@ impl Session {
             .iter()
             .map(|spec| self.find_input(inputs, &spec.name).cloned())
             .collect::<Result<_>>()?;
-        self.run_ordered(used, profile, &self.options.shapes, None)
+        let ran = self.run_ordered(used, profile, &self.options.shapes, None)?;
+        Ok((ran.outputs, ran.profile))
     }
 
     /// Runs the model once, consuming `inputs` (same rules as [`Session::run`]): the tensors
@@ -230,7 +231,7 @@ impl Session {
     ) -> Result<Vec<NamedTensor>> {
         Ok(self
             .run_ordered(self.order_inputs(inputs)?, false, policy, None)?
-            .0)
+            .outputs)
     }
 
     /// [`Session::run_owned_with`] with a generation's in-place cache: the store-mode
@@ -242,10 +243,23 @@ impl Session {
         policy: Option<&ShapePolicy>,
         store: &Arc<KvStore>,
     ) -> Result<Vec<NamedTensor>> {
+        Ok(self.run_owned_timed(inputs, policy, Some(store))?.0)
+    }
+
+    /// [`Session::run_owned_with`] (the session's [`SessionOptions::shapes`] when `policy` is
+    /// `None`), with a generation's in-place cache when `store` is given, as
+    /// [`Session::run_owned_in`]; also returns the time spent inside the plan's nodes, summed
+    /// (the run's wall time less it is what the run costs besides its nodes: finding the plan,
+    /// the memory and shape checks, tract's moves between nodes).
+    pub fn run_owned_timed(
+        &self,
+        inputs: Vec<NamedTensor>,
+        policy: Option<&ShapePolicy>,
+        store: Option<&Arc<KvStore>>,
+    ) -> Result<(Vec<NamedTensor>, std::time::Duration)> {
         let policy = policy.unwrap_or(&self.options.shapes);
-        Ok(self
-            .run_ordered(self.order_inputs(inputs)?, false, policy, Some(store))?
-            .0)
+        let ran = self.run_ordered(self.order_inputs(inputs)?, false, policy, store)?;
+        Ok((ran.outputs, ran.nodes))
     }
 
     /// [`Session::run_owned`], timing every node as [`Session::run_profiled`] does.
@@ -255,8 +269,8 @@ impl Session {
     ) -> Result<(Vec<NamedTensor>, Profile)> {
         let started = std::time::Instant::now();
         let ordered = self.order_inputs(inputs)?;
-        let (outputs, profile) = self.run_ordered(ordered, true, &self.options.shapes, None)?;
-        let mut profile = profile.unwrap_or_default();
+        let ran = self.run_ordered(ordered, true, &self.options.shapes, None)?;
+        let (outputs, mut profile) = (ran.outputs, ran.profile.unwrap_or_default());
         profile.set_wall(started.elapsed());
         Ok((outputs, profile))
     }
@@ -304,7 +318,7 @@ impl Session {
         profile: bool,
         policy: &ShapePolicy,
         store: Option<&Arc<KvStore>>,
-    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
+    ) -> Result<execute::Ran> {
         let refs: Vec<&NamedTensor> = ordered.iter().collect();
         let plan = self.plan_for(&refs, policy)?;
         let shapes: Vec<(DatumType, Vec<usize>)> = ordered

@@ -16,6 +16,15 @@ use crate::profile::Profile;
 use crate::registry::is_operation;
 use crate::tensor::NamedTensor;
 
+/// What a run gives back: its outputs, its profile when asked for, and the time spent inside
+/// its nodes (the rest of its wall time is the run's own cost: the plan's lookup, the memory
+/// and shape checks, tract's moves between nodes).
+pub(super) struct Ran {
+    pub(super) outputs: Vec<NamedTensor>,
+    pub(super) profile: Option<Profile>,
+    pub(super) nodes: std::time::Duration,
+}
+
 impl Session {
     /// The plan serving `inputs` under `policy`: cached, or built now. A symbolic plan that
     /// tract cannot make is recorded as refused and these exact shapes are planned instead.
@@ -110,7 +119,7 @@ impl Session {
         shapes: &[(DatumType, Vec<usize>)],
         profile: bool,
         store: Option<&Arc<KvStore>>,
-    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
+    ) -> Result<Ran> {
         self.check_memory(&plan, shapes)?;
         let retry = key.is_symbolic().then(|| values.clone());
         let lengths = store.map(|s| s.lengths());
@@ -144,14 +153,16 @@ impl Session {
         values: TVec<TValue>,
         profile: bool,
         store: Option<&Arc<KvStore>>,
-    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
+    ) -> Result<Ran> {
         let mut times: Vec<(usize, std::time::Duration)> = Vec::new();
+        let mut nodes = std::time::Duration::ZERO;
         // The caller's quantization pins go along to the thread that evaluates the plan.
         let pins = crate::quant_pins::current();
         let outputs = self.threads.install(|| {
             crate::quant_pins::scoped(pins, || {
                 guarded(&self.what, || {
                     plan.run(values, store, |node, took| {
+                        nodes += took;
                         if profile {
                             times.push((node.id, took));
                         }
@@ -170,7 +181,11 @@ impl Session {
                 tensor: v.into_tensor(),
             })
             .collect();
-        Ok((outputs, profile.then(|| self.profile_of(plan, times))))
+        Ok(Ran {
+            outputs,
+            profile: profile.then(|| self.profile_of(plan, times)),
+            nodes,
+        })
     }
 
     /// The profile of one run of `plan` from its node times (graph inputs and constants left
