@@ -15,7 +15,6 @@ use anyhow::{bail, Context, Result};
 use attnrt_kernels::KernelSet;
 use attnrt_onnx::ModelProto;
 use tract_onnx::prelude::*;
-use tract_onnx::tract_hir::infer::InferenceFact;
 
 use crate::guard::guarded;
 use crate::kv_store::KvStore;
@@ -26,11 +25,15 @@ use crate::registry::{onnx_frontend_with, OpCounts};
 use crate::tensor::NamedTensor;
 use crate::threads::Threads;
 
-/// What the model declares for one input.
+/// What the model declares for one input, read once from tract's fact (a run's plan key is made
+/// from it on every step).
 #[derive(Clone, Debug)]
 struct InputSpec {
     name: String,
-    fact: InferenceFact,
+    /// Its rank, when declared.
+    rank: Option<usize>,
+    /// Per declared axis: the size the file fixes, and the symbols of its size.
+    dims: Vec<keys::DeclaredDim>,
 }
 
 /// A model ready to run on any input shapes it accepts: parsed by tract once, then planned
@@ -405,10 +408,10 @@ fn parse(
     let im = parsed.model;
     let mut inputs = Vec::new();
     for (ix, o) in im.input_outlets()?.iter().enumerate() {
-        inputs.push(InputSpec {
-            name: im.node(o.node).name.clone(),
-            fact: im.input_fact(ix)?.clone(),
-        });
+        inputs.push(InputSpec::of(
+            im.node(o.node).name.clone(),
+            im.input_fact(ix)?,
+        ));
     }
     let output_names = im
         .output_outlets()?
