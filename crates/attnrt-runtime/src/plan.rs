@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use attnrt_onnx::MemoryBudget;
 use tract_linalg::multithread::Executor;
 use tract_onnx::prelude::*;
@@ -22,6 +22,7 @@ use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
 use crate::kv_store::KvStore;
 use crate::memory::{MemoryEstimate, PlanSizes};
 use crate::options::SessionOptions;
+use crate::shape_check::PlannedShapes;
 use crate::threads::Threads;
 
 /// How a plan treats one input dimension.
@@ -84,6 +85,8 @@ impl PlanKey {
 pub struct Plan {
     runnable: Arc<TypedRunnableModel>,
     symbolic: bool,
+    /// The shapes a symbolic plan's runs are checked against (none for a concrete plan).
+    checked: Option<Arc<PlannedShapes>>,
     /// The sizes of its values, for the memory check of every run.
     sizes: Arc<PlanSizes>,
 }
@@ -136,9 +139,13 @@ impl Plan {
             .into_runnable_with_options(&options)
             .context("tract cannot plan the graph")?;
         let sizes = PlanSizes::new(runnable.model(), runnable.order_without_consts());
+        let checked = key
+            .is_symbolic()
+            .then(|| Arc::new(PlannedShapes::of(runnable.model())));
         Ok(Plan {
             runnable,
             symbolic: key.is_symbolic(),
+            checked,
             sizes: Arc::new(sizes),
         })
     }
@@ -178,7 +185,8 @@ impl Plan {
         if let Some(store) = store {
             state.turn_state.shared.insert(Arc::clone(store));
         }
-        let symbolic = self.symbolic;
+        let checked = self.checked.as_deref();
+        let mut run_sizes = checked.map(PlannedShapes::run_sizes);
         let outputs = state.run_plan_with_eval(
             values,
             |ctx: &EvalContext, op_state, node: &TypedNode, inputs| -> TractResult<_> {
@@ -191,8 +199,8 @@ impl Plan {
                 .unwrap_or_else(|p| Err(anyhow::anyhow!("tract panicked: {}", panic_message(&*p))))
                 .with_context(|| format!("node '{}' ({})", node.name, node.op.name()))?;
                 observe(node, started.elapsed());
-                if symbolic {
-                    check_outputs(ctx, node, &outputs)?;
+                if let (Some(checked), Some(sizes)) = (checked, run_sizes.as_mut()) {
+                    checked.check(sizes, ctx.symbols, node, &outputs)?;
                 }
                 Ok(outputs)
             },
@@ -245,24 +253,6 @@ pub fn declared_symbols(fact: &InferenceFact, axis: usize) -> Vec<String> {
     declared_dim(fact, axis)
         .map(|d| d.symbols().into_iter().map(|s| s.to_string()).collect())
         .unwrap_or_default()
-}
-
-/// Refuses outputs whose shapes differ from what tract planned for the node (what tract's own
-/// debug builds check, here in every build: a plan made from wrong symbolic shapes must fail,
-/// not compute something else).
-fn check_outputs(ctx: &EvalContext, node: &TypedNode, outputs: &[TValue]) -> TractResult<()> {
-    for (ix, (value, outlet)) in outputs.iter().zip(&node.outputs).enumerate() {
-        if !outlet.fact.matches(value, Some(ctx.symbols))? {
-            bail!(
-                "symbolic plan: node '{}' output {ix} is {:?} {:?}, tract planned {:?}",
-                node.name,
-                value.datum_type(),
-                value.shape(),
-                outlet.fact
-            );
-        }
-    }
-    Ok(())
 }
 
 /// The plans a session has built, most recently used first, at most `capacity` of them.
