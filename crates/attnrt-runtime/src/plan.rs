@@ -139,9 +139,10 @@ impl Plan {
             .into_runnable_with_options(&options)
             .context("tract cannot plan the graph")?;
         let sizes = PlanSizes::new(runnable.model(), runnable.order_without_consts());
-        let checked = key
-            .is_symbolic()
-            .then(|| Arc::new(PlannedShapes::of(runnable.model())));
+        let checked = key.is_symbolic().then(|| {
+            let order = runnable.order_without_consts();
+            Arc::new(PlannedShapes::of(runnable.model(), order))
+        });
         Ok(Plan {
             runnable,
             symbolic: key.is_symbolic(),

@@ -12,58 +12,73 @@
 use anyhow::bail;
 use tract_onnx::prelude::*;
 
-/// One planned output size.
+/// One word of the planned shapes: an output's header, or one of its planned sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Planned {
-    /// A constant (as tract's `TDim::Val`).
+enum Word {
+    /// An output of this element type (by index into [`PlannedShapes::types`]) and rank; its
+    /// sizes follow.
+    Output { dt: u32, rank: u32 },
+    /// A constant size (as tract's `TDim::Val`).
     Value(i64),
     /// The distinct symbolic size of this index.
-    Symbolic(usize),
+    Symbolic(u32),
 }
 
-/// The shapes tract planned for every node's outputs (see the module docs).
+/// The shapes tract planned for every node's outputs (see the module docs), packed in one
+/// array in the plan's order: a node's words, and mostly those of the nodes run before and
+/// after it, share cache lines (a decode step's weights stream through the caches between two
+/// nodes, so every other layout costs a miss per output and size).
 #[derive(Debug, Default)]
 pub(crate) struct PlannedShapes {
     /// The distinct symbolic sizes.
     symbolic: Vec<TDim>,
-    /// Per node id: per output, its element type and planned sizes.
-    nodes: Vec<Vec<(DatumType, Vec<Planned>)>>,
+    /// The distinct element types.
+    types: Vec<DatumType>,
+    /// Per node id, where its outputs' words start in `words`.
+    starts: Vec<u32>,
+    words: Vec<Word>,
 }
 
 /// A run's values of the planned symbolic sizes, as far as known (`None`: not evaluated yet,
 /// or not a number yet).
 pub(crate) struct RunSizes(Vec<Option<i64>>);
 
+/// `item`'s index in `items`, added when new.
+fn index_of<T: PartialEq + Clone>(items: &mut Vec<T>, item: &T) -> u32 {
+    let at = items.iter().position(|i| i == item).unwrap_or_else(|| {
+        items.push(item.clone());
+        items.len() - 1
+    });
+    at as u32
+}
+
 impl PlannedShapes {
-    /// The planned output shapes of `model`'s nodes.
-    pub(crate) fn of(model: &TypedModel) -> PlannedShapes {
-        let mut symbolic: Vec<TDim> = Vec::new();
-        let mut planned = |d: &TDim| match d {
-            TDim::Val(v) => Planned::Value(*v),
-            d => Planned::Symbolic(match symbolic.iter().position(|s| s == d) {
-                Some(at) => at,
-                None => {
-                    symbolic.push(d.clone());
-                    symbolic.len() - 1
-                }
-            }),
+    /// The planned output shapes of `model`'s nodes, laid out in the plan's `order` (the
+    /// nodes outside it after).
+    pub(crate) fn of(model: &TypedModel, order: &[usize]) -> PlannedShapes {
+        let mut shapes = PlannedShapes {
+            starts: vec![u32::MAX; model.nodes().len()],
+            ..PlannedShapes::default()
         };
-        let nodes = model
-            .nodes()
-            .iter()
-            .map(|node| {
-                node.outputs
-                    .iter()
-                    .map(|o| {
-                        (
-                            o.fact.datum_type,
-                            o.fact.shape.iter().map(&mut planned).collect(),
-                        )
-                    })
-                    .collect()
-            })
-            .collect();
-        PlannedShapes { symbolic, nodes }
+        for id in order.iter().copied().chain(0..model.nodes().len()) {
+            if shapes.starts[id] != u32::MAX {
+                continue; // placed in order already
+            }
+            shapes.starts[id] = shapes.words.len() as u32;
+            for o in &model.node(id).outputs {
+                let dt = index_of(&mut shapes.types, &o.fact.datum_type);
+                let rank = o.fact.shape.len() as u32;
+                shapes.words.push(Word::Output { dt, rank });
+                for d in o.fact.shape.iter() {
+                    let word = match d {
+                        TDim::Val(v) => Word::Value(*v),
+                        d => Word::Symbolic(index_of(&mut shapes.symbolic, d)),
+                    };
+                    shapes.words.push(word);
+                }
+            }
+        }
+        shapes
     }
 
     /// A run's sizes, none evaluated yet.
@@ -80,11 +95,20 @@ impl PlannedShapes {
         node: &TypedNode,
         outputs: &[TValue],
     ) -> TractResult<()> {
-        let Some(planned) = self.nodes.get(node.id) else {
-            bail!("symbolic plan: node '{}' has no planned shapes", node.name);
+        let mut at = match self.starts.get(node.id) {
+            Some(&at) if at != u32::MAX => at as usize,
+            _ => bail!("symbolic plan: node '{}' has no planned shapes", node.name),
         };
-        for (ix, (value, (dt, dims))) in outputs.iter().zip(planned).enumerate() {
-            if !self.matches(sizes, symbols, *dt, dims, value) {
+        for (ix, value) in outputs.iter().take(node.outputs.len()).enumerate() {
+            let Some(&Word::Output { dt, rank }) = self.words.get(at) else {
+                bail!(
+                    "symbolic plan: node '{}' output {ix} has no planned shape",
+                    node.name
+                );
+            };
+            let dims = &self.words[at + 1..at + 1 + rank as usize];
+            at += 1 + rank as usize;
+            if !self.matches(sizes, symbols, self.types[dt as usize], dims, value) {
                 bail!(
                     "symbolic plan: node '{}' output {ix} is {:?} {:?}, tract planned {:?}",
                     node.name,
@@ -103,7 +127,7 @@ impl PlannedShapes {
         sizes: &mut RunSizes,
         symbols: &SymbolValues,
         dt: DatumType,
-        dims: &[Planned],
+        dims: &[Word],
         value: &Tensor,
     ) -> bool {
         if value.datum_type() != dt || value.rank() != dims.len() {
@@ -111,14 +135,15 @@ impl PlannedShapes {
         }
         dims.iter().zip(value.shape()).all(|(d, &size)| {
             let planned = match *d {
-                Planned::Value(v) => Some(v),
-                Planned::Symbolic(ix) => {
-                    let known = &mut sizes.0[ix];
+                Word::Value(v) => Some(v),
+                Word::Symbolic(ix) => {
+                    let known = &mut sizes.0[ix as usize];
                     if known.is_none() {
-                        *known = self.symbolic[ix].eval(symbols).as_i64();
+                        *known = self.symbolic[ix as usize].eval(symbols).as_i64();
                     }
                     *known
                 }
+                Word::Output { .. } => return false,
             };
             // (a size not known as a number is not checked, as tract's `matches` does)
             planned.is_none_or(|v| v as usize == size)
@@ -157,7 +182,7 @@ mod tests {
     #[test]
     fn decides_as_tracts_matches() {
         let (model, n) = model();
-        let shapes = PlannedShapes::of(&model);
+        let shapes = PlannedShapes::of(&model, &model.eval_order().unwrap());
         let cases: Vec<Tensor> = vec![
             Tensor::zero::<f32>(&[4, 3]).unwrap(),
             Tensor::zero::<f32>(&[5, 3]).unwrap(),
@@ -192,7 +217,7 @@ mod tests {
     #[test]
     fn refuses_naming_the_node() {
         let (model, n) = model();
-        let shapes = PlannedShapes::of(&model);
+        let shapes = PlannedShapes::of(&model, &model.eval_order().unwrap());
         let symbols = values(&n, 4);
         let mut sizes = shapes.run_sizes();
         let y = model.node(model.output_outlets().unwrap()[0].node);
@@ -213,7 +238,7 @@ mod tests {
     #[test]
     fn unresolved_size_is_evaluated_again() {
         let (model, n) = model();
-        let shapes = PlannedShapes::of(&model);
+        let shapes = PlannedShapes::of(&model, &model.eval_order().unwrap());
         let y = model.node(model.output_outlets().unwrap()[0].node);
         let mut sizes = shapes.run_sizes();
         let t = Tensor::zero::<f32>(&[7, 3]).unwrap().into_tvalue();
