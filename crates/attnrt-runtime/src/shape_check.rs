@@ -34,8 +34,9 @@ pub(crate) struct PlannedShapes {
     symbolic: Vec<TDim>,
     /// The distinct element types.
     types: Vec<DatumType>,
-    /// Per node id, where its outputs' words start in `words`.
-    starts: Vec<u32>,
+    /// Per node id, where its outputs' words start in `words`, and how many outputs it has
+    /// (read here, not from the node, whose outputs are a cache miss of their own).
+    starts: Vec<(u32, u32)>,
     words: Vec<Word>,
 }
 
@@ -57,15 +58,16 @@ impl PlannedShapes {
     /// nodes outside it after).
     pub(crate) fn of(model: &TypedModel, order: &[usize]) -> PlannedShapes {
         let mut shapes = PlannedShapes {
-            starts: vec![u32::MAX; model.nodes().len()],
+            starts: vec![(u32::MAX, 0); model.nodes().len()],
             ..PlannedShapes::default()
         };
         for id in order.iter().copied().chain(0..model.nodes().len()) {
-            if shapes.starts[id] != u32::MAX {
+            if shapes.starts[id].0 != u32::MAX {
                 continue; // placed in order already
             }
-            shapes.starts[id] = shapes.words.len() as u32;
-            for o in &model.node(id).outputs {
+            let outputs = &model.node(id).outputs;
+            shapes.starts[id] = (shapes.words.len() as u32, outputs.len() as u32);
+            for o in outputs {
                 let dt = index_of(&mut shapes.types, &o.fact.datum_type);
                 let rank = o.fact.shape.len() as u32;
                 shapes.words.push(Word::Output { dt, rank });
@@ -95,11 +97,11 @@ impl PlannedShapes {
         node: &TypedNode,
         outputs: &[TValue],
     ) -> TractResult<()> {
-        let mut at = match self.starts.get(node.id) {
-            Some(&at) if at != u32::MAX => at as usize,
+        let (mut at, planned) = match self.starts.get(node.id) {
+            Some(&(at, planned)) if at != u32::MAX => (at as usize, planned as usize),
             _ => bail!("symbolic plan: node '{}' has no planned shapes", node.name),
         };
-        for (ix, value) in outputs.iter().take(node.outputs.len()).enumerate() {
+        for (ix, value) in outputs.iter().take(planned).enumerate() {
             let Some(&Word::Output { dt, rank }) = self.words.get(at) else {
                 bail!(
                     "symbolic plan: node '{}' output {ix} has no planned shape",
