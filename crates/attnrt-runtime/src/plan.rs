@@ -345,3 +345,107 @@ pub struct PlanStats {
     /// Why symbolic plans were given up for concrete ones.
     pub refusals: Vec<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tract_onnx::tract_hir::internal::*;
+
+    /// An op whose value is one longer than the shape it declares: a symbolic plan tract got
+    /// wrong, as the run sees it.
+    #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+    struct Longer;
+
+    impl Op for Longer {
+        fn name(&self) -> StaticName {
+            "Longer".into()
+        }
+
+        op_as_typed_op!();
+    }
+
+    impl EvalOp for Longer {
+        op_out_of_plan!();
+
+        fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+            let n = inputs[0].len();
+            Ok(tvec!(Tensor::zero::<f32>(&[n + 1])?.into_tvalue()))
+        }
+    }
+
+    impl TypedOp for Longer {
+        as_op!();
+
+        fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+            Ok(tvec!(f32::fact(inputs[0].shape.clone())))
+        }
+    }
+
+    /// [`Longer`] as the parsed graph holds it.
+    #[derive(Debug, Clone, Hash)]
+    struct ParsedLonger;
+
+    impl Expansion for ParsedLonger {
+        fn name(&self) -> StaticName {
+            "Longer".into()
+        }
+
+        fn rules<'r, 'p: 'r, 's: 'r>(
+            &'s self,
+            s: &mut Solver<'r>,
+            inputs: &'p [TensorProxy],
+            outputs: &'p [TensorProxy],
+        ) -> InferenceResult {
+            s.equals(&outputs[0].datum_type, f32::datum_type())?;
+            s.equals(&outputs[0].shape, &inputs[0].shape)?;
+            Ok(())
+        }
+
+        fn wire(
+            &self,
+            prefix: &str,
+            model: &mut TypedModel,
+            inputs: &[OutletId],
+        ) -> TractResult<TVec<OutletId>> {
+            model.wire_node(prefix, Longer, inputs)
+        }
+    }
+
+    /// `y = Longer(x)` on `x: [n]` f32.
+    fn longer() -> InferenceModel {
+        let mut model = InferenceModel::default();
+        let n = model.symbols.sym("n");
+        let fact = InferenceFact::dt_shape(f32::datum_type(), tvec![n.to_dim()]);
+        let x = model.add_source("x", fact).unwrap();
+        let y = model
+            .wire_node("longer", expand(ParsedLonger), &[x])
+            .unwrap();
+        model.select_output_outlets(&y).unwrap();
+        model
+    }
+
+    /// A symbolic plan's run refuses a node whose output is not the shape tract planned,
+    /// naming the node; a plan of the exact shapes has nothing to check.
+    #[test]
+    fn a_symbolic_plan_refuses_an_output_of_another_shape() {
+        let threads = Threads::new(Some(1)).unwrap();
+        let options = SessionOptions::default();
+        let x = || tvec![Tensor::zero::<f32>(&[3]).unwrap().into_tvalue()];
+        let key = PlanKey {
+            inputs: vec![(f32::datum_type(), vec![DimKey::Symbolic])],
+            anchor: None,
+            branch: None,
+        };
+        let plan = Plan::build(&longer(), &key, &threads, &options).unwrap();
+        let e = plan.run(x(), None, |_, _| ()).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("symbolic plan: node 'longer' output 0 is F32 [4], tract planned"),
+            "{msg}"
+        );
+        let concrete = PlanKey::concrete(&[(f32::datum_type(), vec![3])]);
+        let plan = Plan::build(&longer(), &concrete, &threads, &options).unwrap();
+        let y = plan.run(x(), None, |_, _| ()).unwrap();
+        assert_eq!(y[0].shape(), &[4]);
+    }
+}
