@@ -189,31 +189,26 @@ impl Session {
     /// tract takes its inputs by value, so this copies every input tensor once (tract's tensors
     /// have no shared storage); [`Session::run_owned`] hands them over without a copy.
     pub fn run(&self, inputs: &[NamedTensor]) -> Result<Vec<NamedTensor>> {
-        Ok(self.run_maybe_profiled(inputs, false)?.0)
+        Ok(self.run_cloned(inputs, false)?.outputs)
     }
 
     /// Runs the model once, as [`Session::run`], timing every node of the plan: the outputs
     /// and where the time went ([`Profile`]; merge several runs' profiles for a mean).
     pub fn run_profiled(&self, inputs: &[NamedTensor]) -> Result<(Vec<NamedTensor>, Profile)> {
         let started = std::time::Instant::now();
-        let (outputs, profile) = self.run_maybe_profiled(inputs, true)?;
-        let mut profile = profile.unwrap_or_default();
-        profile.set_wall(started.elapsed());
-        Ok((outputs, profile))
+        let ran = self.run_cloned(inputs, true)?;
+        let wall = started.elapsed();
+        Ok((ran.outputs, self.profile_of(ran.times, wall)))
     }
 
-    fn run_maybe_profiled(
-        &self,
-        inputs: &[NamedTensor],
-        profile: bool,
-    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
+    /// Runs on copies of the graph's inputs found in `inputs`.
+    fn run_cloned(&self, inputs: &[NamedTensor], profile: bool) -> Result<execute::Ran> {
         let used = self
             .inputs
             .iter()
             .map(|spec| self.find_input(inputs, &spec.name).cloned())
             .collect::<Result<_>>()?;
-        let ran = self.run_ordered(used, profile, &self.options.shapes, None)?;
-        Ok((ran.outputs, ran.profile))
+        self.run_ordered(used, profile, &self.options.shapes, None)
     }
 
     /// Runs the model once, consuming `inputs` (same rules as [`Session::run`]): the tensors
@@ -273,9 +268,8 @@ impl Session {
         let started = std::time::Instant::now();
         let ordered = self.order_inputs(inputs)?;
         let ran = self.run_ordered(ordered, true, &self.options.shapes, None)?;
-        let (outputs, mut profile) = (ran.outputs, ran.profile.unwrap_or_default());
-        profile.set_wall(started.elapsed());
-        Ok((outputs, profile))
+        let wall = started.elapsed();
+        Ok((ran.outputs, self.profile_of(ran.times, wall)))
     }
 
     /// `inputs` in the graph's input order, unused ones dropped.

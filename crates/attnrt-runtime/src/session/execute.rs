@@ -2,6 +2,7 @@
 //! the memory check before a run.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tract_onnx::prelude::*;
@@ -16,13 +17,15 @@ use crate::profile::Profile;
 use crate::registry::is_operation;
 use crate::tensor::NamedTensor;
 
-/// What a run gives back: its outputs, its profile when asked for, and the time spent inside
-/// its nodes (the rest of its wall time is the run's own cost: the plan's lookup, the memory
-/// and shape checks, tract's moves between nodes).
+/// What a run gives back: its outputs, the time spent inside its nodes (the rest of its wall
+/// time is the run's own cost: the plan's lookup, the memory and shape checks, tract's moves
+/// between nodes), and with a profile asked for, the plan that ran and its node times, made
+/// into a [`Profile`] by [`Session::profile_of`] once the run's wall time is taken (the
+/// profile's own making, names looked up and copied per node, is not the run's cost).
 pub(super) struct Ran {
     pub(super) outputs: Vec<NamedTensor>,
-    pub(super) profile: Option<Profile>,
-    pub(super) nodes: std::time::Duration,
+    pub(super) nodes: Duration,
+    pub(super) times: Option<(Plan, Vec<(usize, Duration)>)>,
 }
 
 impl Session {
@@ -154,8 +157,8 @@ impl Session {
         profile: bool,
         store: Option<&Arc<KvStore>>,
     ) -> Result<Ran> {
-        let mut times: Vec<(usize, std::time::Duration)> = Vec::new();
-        let mut nodes = std::time::Duration::ZERO;
+        let mut times: Vec<(usize, Duration)> = Vec::new();
+        let mut nodes = Duration::ZERO;
         // The caller's quantization pins go along to the thread that evaluates the plan.
         let pins = crate::quant_pins::current();
         let outputs = self.threads.install(|| {
@@ -183,14 +186,24 @@ impl Session {
             .collect();
         Ok(Ran {
             outputs,
-            profile: profile.then(|| self.profile_of(plan, times)),
             nodes,
+            times: profile.then(|| (plan.clone(), times)),
         })
     }
 
-    /// The profile of one run of `plan` from its node times (graph inputs and constants left
-    /// out, as in [`Session::op_counts`]).
-    fn profile_of(&self, plan: &Plan, times: Vec<(usize, std::time::Duration)>) -> Profile {
+    /// The profile of one run of wall time `wall` from the plan that ran and its node times
+    /// ([`Ran::times`]; graph inputs and constants left out, as in [`Session::op_counts`]);
+    /// without them, a profile of the wall time alone.
+    pub(super) fn profile_of(
+        &self,
+        times: Option<(Plan, Vec<(usize, Duration)>)>,
+        wall: Duration,
+    ) -> Profile {
+        let Some((plan, times)) = times else {
+            let mut profile = Profile::default();
+            profile.set_wall(wall);
+            return profile;
+        };
         let model = plan.model();
         let nodes = times.into_iter().filter_map(|(id, took)| {
             let node = model.node(id);
@@ -204,6 +217,6 @@ impl Session {
                 .map_or_else(|| tract_op.clone(), str::to_string);
             Some((node.name.clone(), op, tract_op, took))
         });
-        Profile::of_run(nodes, std::time::Duration::ZERO)
+        Profile::of_run(nodes, wall)
     }
 }
