@@ -172,15 +172,15 @@ impl Plan {
         self.sizes.check(self.model(), inputs, budget, what)
     }
 
-    /// Runs the plan; `observe` is called after every node with the node and how long it took
-    /// (for profiles). A symbolic plan checks every node's outputs against the planned shapes.
+    /// Runs the plan; `observe`, when given, is called after every node with the node and how
+    /// long it took (for profiles; without it the nodes are not timed). A symbolic plan checks every node's outputs against the planned shapes.
     /// `store`: a generation's in-place cache, which the store-mode `Attention` nodes find in
     /// tract's per-run shared map (`crate::kv_store`).
     pub fn run(
         &self,
         values: TVec<TValue>,
         store: Option<&Arc<KvStore>>,
-        mut observe: impl FnMut(&TypedNode, std::time::Duration),
+        mut observe: Option<&mut (dyn FnMut(&TypedNode, std::time::Duration) + Send)>,
     ) -> Result<TVec<TValue>> {
         let mut state = self.runnable.spawn()?;
         if let Some(store) = store {
@@ -191,7 +191,7 @@ impl Plan {
         let outputs = state.run_plan_with_eval(
             values,
             |ctx: &EvalContext, op_state, node: &TypedNode, inputs| -> TractResult<_> {
-                let started = std::time::Instant::now();
+                let started = observe.is_some().then(std::time::Instant::now);
                 // A panic inside tract (an index out of range on bad input values, say) becomes
                 // this node's error, so that the message names the node.
                 let outputs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -199,7 +199,9 @@ impl Plan {
                 }))
                 .unwrap_or_else(|p| Err(anyhow::anyhow!("tract panicked: {}", panic_message(&*p))))
                 .with_context(|| format!("node '{}' ({})", node.name, node.op.name()))?;
-                observe(node, started.elapsed());
+                if let (Some(observe), Some(started)) = (observe.as_mut(), started) {
+                    observe(node, started.elapsed());
+                }
                 if let (Some(checked), Some(sizes)) = (checked, run_sizes.as_mut()) {
                     checked.check(sizes, ctx.symbols, node, &outputs)?;
                 }
@@ -437,7 +439,7 @@ mod tests {
             branch: None,
         };
         let plan = Plan::build(&longer(), &key, &threads, &options).unwrap();
-        let e = plan.run(x(), None, |_, _| ()).unwrap_err();
+        let e = plan.run(x(), None, None).unwrap_err();
         let msg = format!("{e:#}");
         assert!(
             msg.contains("symbolic plan: node 'longer' output 0 is F32 [4], tract planned"),
@@ -445,7 +447,7 @@ mod tests {
         );
         let concrete = PlanKey::concrete(&[(f32::datum_type(), vec![3])]);
         let plan = Plan::build(&longer(), &concrete, &threads, &options).unwrap();
-        let y = plan.run(x(), None, |_, _| ()).unwrap();
+        let y = plan.run(x(), None, None).unwrap();
         assert_eq!(y[0].shape(), &[4]);
     }
 }

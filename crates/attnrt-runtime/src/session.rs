@@ -24,6 +24,7 @@ use crate::profile::{OpKinds, Profile};
 use crate::registry::{onnx_frontend_with, OpCounts};
 use crate::tensor::NamedTensor;
 use crate::threads::Threads;
+use execute::Timing;
 
 /// What the model declares for one input, read once from tract's fact (a run's plan key is made
 /// from it on every step).
@@ -189,26 +190,26 @@ impl Session {
     /// tract takes its inputs by value, so this copies every input tensor once (tract's tensors
     /// have no shared storage); [`Session::run_owned`] hands them over without a copy.
     pub fn run(&self, inputs: &[NamedTensor]) -> Result<Vec<NamedTensor>> {
-        Ok(self.run_cloned(inputs, false)?.outputs)
+        Ok(self.run_cloned(inputs, Timing::Off)?.outputs)
     }
 
     /// Runs the model once, as [`Session::run`], timing every node of the plan: the outputs
     /// and where the time went ([`Profile`]; merge several runs' profiles for a mean).
     pub fn run_profiled(&self, inputs: &[NamedTensor]) -> Result<(Vec<NamedTensor>, Profile)> {
         let started = std::time::Instant::now();
-        let ran = self.run_cloned(inputs, true)?;
+        let ran = self.run_cloned(inputs, Timing::Profile)?;
         let wall = started.elapsed();
         Ok((ran.outputs, self.profile_of(ran.times, wall)))
     }
 
     /// Runs on copies of the graph's inputs found in `inputs`.
-    fn run_cloned(&self, inputs: &[NamedTensor], profile: bool) -> Result<execute::Ran> {
+    fn run_cloned(&self, inputs: &[NamedTensor], timing: Timing) -> Result<execute::Ran> {
         let used = self
             .inputs
             .iter()
             .map(|spec| self.find_input(inputs, &spec.name).cloned())
             .collect::<Result<_>>()?;
-        self.run_ordered(used, profile, &self.options.shapes, None)
+        self.run_ordered(used, timing, &self.options.shapes, None)
     }
 
     /// Runs the model once, consuming `inputs` (same rules as [`Session::run`]): the tensors
@@ -228,7 +229,7 @@ impl Session {
         policy: &ShapePolicy,
     ) -> Result<Vec<NamedTensor>> {
         Ok(self
-            .run_ordered(self.order_inputs(inputs)?, false, policy, None)?
+            .run_ordered(self.order_inputs(inputs)?, Timing::Off, policy, None)?
             .outputs)
     }
 
@@ -241,14 +242,19 @@ impl Session {
         policy: Option<&ShapePolicy>,
         store: &Arc<KvStore>,
     ) -> Result<Vec<NamedTensor>> {
-        Ok(self.run_owned_timed(inputs, policy, Some(store))?.0)
+        let policy = policy.unwrap_or(&self.options.shapes);
+        let ordered = self.order_inputs(inputs)?;
+        Ok(self
+            .run_ordered(ordered, Timing::Off, policy, Some(store))?
+            .outputs)
     }
 
     /// [`Session::run_owned_with`] (the session's [`SessionOptions::shapes`] when `policy` is
     /// `None`), with a generation's in-place cache when `store` is given, as
     /// [`Session::run_owned_in`]; also returns the time spent inside the plan's nodes, summed
     /// (the run's wall time less it is what the run costs besides its nodes: finding the plan,
-    /// the memory and shape checks, tract's moves between nodes).
+    /// the memory and shape checks, tract's moves between nodes). Timing the nodes reads the
+    /// clock twice per node, which the untimed runs do not.
     pub fn run_owned_timed(
         &self,
         inputs: Vec<NamedTensor>,
@@ -256,8 +262,9 @@ impl Session {
         store: Option<&Arc<KvStore>>,
     ) -> Result<(Vec<NamedTensor>, std::time::Duration)> {
         let policy = policy.unwrap_or(&self.options.shapes);
-        let ran = self.run_ordered(self.order_inputs(inputs)?, false, policy, store)?;
-        Ok((ran.outputs, ran.nodes))
+        let ordered = self.order_inputs(inputs)?;
+        let ran = self.run_ordered(ordered, Timing::Nodes, policy, store)?;
+        Ok((ran.outputs, ran.nodes.unwrap_or_default()))
     }
 
     /// [`Session::run_owned`], timing every node as [`Session::run_profiled`] does.
@@ -267,7 +274,7 @@ impl Session {
     ) -> Result<(Vec<NamedTensor>, Profile)> {
         let started = std::time::Instant::now();
         let ordered = self.order_inputs(inputs)?;
-        let ran = self.run_ordered(ordered, true, &self.options.shapes, None)?;
+        let ran = self.run_ordered(ordered, Timing::Profile, &self.options.shapes, None)?;
         let wall = started.elapsed();
         Ok((ran.outputs, self.profile_of(ran.times, wall)))
     }
@@ -312,7 +319,7 @@ impl Session {
     fn run_ordered(
         &self,
         ordered: Vec<NamedTensor>,
-        profile: bool,
+        timing: Timing,
         policy: &ShapePolicy,
         store: Option<&Arc<KvStore>>,
     ) -> Result<execute::Ran> {
@@ -326,7 +333,7 @@ impl Session {
             .into_iter()
             .map(|t| t.tensor.into_tvalue())
             .collect();
-        self.run_plan_shapes(plan, values, &shapes, profile, store)
+        self.run_plan_shapes(plan, values, &shapes, timing, store)
     }
 
     /// The graph's inputs, in order, found by name in `inputs`.

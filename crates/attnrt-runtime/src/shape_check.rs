@@ -245,7 +245,9 @@ mod tests {
         let mut sizes = shapes.run_sizes();
         let t = Tensor::zero::<f32>(&[7, 3]).unwrap().into_tvalue();
         let unbound = SymbolValues::default();
-        shapes.check(&mut sizes, &unbound, y, std::slice::from_ref(&t)).unwrap();
+        shapes
+            .check(&mut sizes, &unbound, y, std::slice::from_ref(&t))
+            .unwrap();
         assert!(shapes.check(&mut sizes, &values(&n, 4), y, &[t]).is_err());
     }
 }

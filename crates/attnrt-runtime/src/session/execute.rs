@@ -24,8 +24,21 @@ use crate::tensor::NamedTensor;
 /// profile's own making, names looked up and copied per node, is not the run's cost).
 pub(super) struct Ran {
     pub(super) outputs: Vec<NamedTensor>,
-    pub(super) nodes: Duration,
+    /// With [`Timing::Nodes`] or [`Timing::Profile`].
+    pub(super) nodes: Option<Duration>,
     pub(super) times: Option<(Plan, Vec<(usize, Duration)>)>,
+}
+
+/// What a run measures of its nodes: timing them reads the clock twice per node (a twentieth
+/// of a step's time outside its nodes on the 125M decoder), so only when asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Timing {
+    /// Nothing.
+    Off,
+    /// The time spent inside the nodes, summed ([`Ran::nodes`]).
+    Nodes,
+    /// Every node's time too ([`Ran::times`], for a [`Profile`]).
+    Profile,
 }
 
 impl Session {
@@ -120,13 +133,13 @@ impl Session {
         (key, plan): (PlanKey, Plan),
         values: TVec<TValue>,
         shapes: &[(DatumType, Vec<usize>)],
-        profile: bool,
+        timing: Timing,
         store: Option<&Arc<KvStore>>,
     ) -> Result<Ran> {
         self.check_memory(&plan, shapes)?;
         let retry = key.is_symbolic().then(|| values.clone());
         let lengths = store.map(|s| s.lengths());
-        match self.execute(&plan, values, profile, store) {
+        match self.execute(&plan, values, timing, store) {
             Ok(outputs) => Ok(outputs),
             Err(e) if retry.is_some() => {
                 self.refuse(&key, format!("{e:#}"));
@@ -137,7 +150,7 @@ impl Session {
                 let concrete = PlanKey::concrete(shapes).with_branch(key.branch);
                 let plan = self.build_plan(&concrete)?;
                 self.check_memory(&plan, shapes)?;
-                self.execute(&plan, retry.unwrap_or_default(), profile, store)
+                self.execute(&plan, retry.unwrap_or_default(), timing, store)
             }
             Err(e) => Err(e),
         }
@@ -154,23 +167,27 @@ impl Session {
         &self,
         plan: &Plan,
         values: TVec<TValue>,
-        profile: bool,
+        timing: Timing,
         store: Option<&Arc<KvStore>>,
     ) -> Result<Ran> {
         let mut times: Vec<(usize, Duration)> = Vec::new();
         let mut nodes = Duration::ZERO;
+        let profile = timing == Timing::Profile;
+        let mut observe = |node: &TypedNode, took: Duration| {
+            nodes += took;
+            if profile {
+                times.push((node.id, took));
+            }
+        };
+        let observe: Option<&mut (dyn FnMut(&TypedNode, Duration) + Send)> =
+            (timing != Timing::Off).then_some(&mut observe);
         // The caller's quantization pins go along to the thread that evaluates the plan.
         let pins = crate::quant_pins::current();
         let outputs = self.threads.install(|| {
             crate::quant_pins::scoped(pins, || {
                 guarded(&self.what, || {
-                    plan.run(values, store, |node, took| {
-                        nodes += took;
-                        if profile {
-                            times.push((node.id, took));
-                        }
-                    })
-                    .with_context(|| format!("{}: run failed", self.what))
+                    plan.run(values, store, observe)
+                        .with_context(|| format!("{}: run failed", self.what))
                 })
             })
         })?;
@@ -186,7 +203,7 @@ impl Session {
             .collect();
         Ok(Ran {
             outputs,
-            nodes,
+            nodes: (timing != Timing::Off).then_some(nodes),
             times: profile.then(|| (plan.clone(), times)),
         })
     }
