@@ -80,6 +80,9 @@ impl PlanKey {
     }
 }
 
+/// What [`Plan::run`] calls after every node it times: the node and how long it took.
+pub type NodeObserver<'a> = &'a mut (dyn FnMut(&TypedNode, std::time::Duration) + Send);
+
 /// A runnable plan and whether it must run checked.
 #[derive(Clone)]
 pub struct Plan {
@@ -180,7 +183,7 @@ impl Plan {
         &self,
         values: TVec<TValue>,
         store: Option<&Arc<KvStore>>,
-        mut observe: Option<&mut (dyn FnMut(&TypedNode, std::time::Duration) + Send)>,
+        mut observe: Option<NodeObserver<'_>>,
     ) -> Result<TVec<TValue>> {
         let mut state = self.runnable.spawn()?;
         if let Some(store) = store {

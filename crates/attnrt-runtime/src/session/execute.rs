@@ -12,7 +12,7 @@ use super::Session;
 use crate::guard::guarded;
 use crate::kv_store::KvStore;
 use crate::options::ShapePolicy;
-use crate::plan::{Plan, PlanKey};
+use crate::plan::{NodeObserver, Plan, PlanKey};
 use crate::profile::Profile;
 use crate::registry::is_operation;
 use crate::tensor::NamedTensor;
@@ -179,8 +179,7 @@ impl Session {
                 times.push((node.id, took));
             }
         };
-        let observe: Option<&mut (dyn FnMut(&TypedNode, Duration) + Send)> =
-            (timing != Timing::Off).then_some(&mut observe);
+        let observe: Option<NodeObserver> = (timing != Timing::Off).then_some(&mut observe);
         // The caller's quantization pins go along to the thread that evaluates the plan.
         let pins = crate::quant_pins::current();
         let outputs = self.threads.install(|| {
