@@ -827,16 +827,7 @@ fn node_times_are_reported_when_asked_for() {
     let threads = Threads::new(Some(2)).unwrap();
     let file = "llama_cache_eager.ts.onnx";
     let fused = fuse(&load(file), &FusionOptions::default()).unwrap().model;
-    let options = GenerationOptions {
-        prompts: vec![vec![3, 14, 15, 92, 65], vec![7, 8]],
-        max_new_tokens: 5,
-        eos_token: None,
-        check: None,
-        sampling: SamplingOptions::default(),
-        max_length: None,
-        encoder_inputs: Vec::new(),
-        kv_cache: KvCacheMode::default(),
-    };
+    let options = greedy(vec![vec![3, 14, 15, 92, 65], vec![7, 8]], 5);
     let plain = Generator::new(&fused, None, &threads, file).unwrap();
     let plain = plain.generate(&options, |_| ()).unwrap();
     assert!(plain.steps.iter().all(|s| s.nodes_ms.is_none()));
