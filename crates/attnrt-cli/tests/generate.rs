@@ -81,6 +81,24 @@ fn kv_cache_copy_gives_the_in_place_tokens() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("'paged'"));
 }
 
+/// `--node-times` puts each step's time inside its nodes in `--json` (null without it) and the
+/// median time outside them in the report and the text, with the same tokens.
+#[test]
+fn node_times_show_what_a_step_costs_outside_its_nodes() {
+    let m = model("llama_cache_eager.ts.onnx");
+    let args = ["generate", &m, "--prompt-len", "6", "--max-new-tokens", "4"];
+    let run = |extra: &[&str]| json(&attnrt(&[&args[..], &["--json"], extra].concat()));
+    let (plain, timed) = (run(&[]), run(&["--node-times"]));
+    let steps = |v: &serde_json::Value| v["report"]["steps"].as_array().unwrap().clone();
+    assert!(steps(&plain).iter().all(|s| s["nodes_ms"].is_null()));
+    assert!(plain["report"]["median_step_outside_ms"].is_null());
+    assert!(steps(&timed).iter().all(|s| s["nodes_ms"].is_f64()));
+    assert!(timed["report"]["median_step_outside_ms"].is_f64());
+    assert_eq!(plain["report"]["tokens"], timed["report"]["tokens"]);
+    let o = attnrt(&[&args[..], &["--node-times"]].concat());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ms of it outside the nodes"));
+}
+
 /// A word-level tokenizer over the tiny models' 100-token vocabulary: `w0` … `w99`.
 fn tokenizer_json(dir: &Path) -> PathBuf {
     let vocab: serde_json::Map<String, serde_json::Value> = (0..100)

@@ -100,6 +100,10 @@ impl KvStore {
     /// The slot of `node`, made empty on first use.
     pub fn slot(&self, node: &str) -> Arc<Mutex<KvSlot>> {
         let mut slots = lock(&self.slots);
+        // (found without making the name a `String`: every step of every store-mode node asks)
+        if let Some(slot) = slots.get(node) {
+            return Arc::clone(slot);
+        }
         Arc::clone(slots.entry(node.to_string()).or_default())
     }
 

@@ -60,6 +60,7 @@ pub mod quant_projection;
 mod quantize_linear;
 mod registry;
 pub mod session;
+mod shape_check;
 mod symbolic_mul;
 pub mod tensor;
 pub mod threads;

@@ -96,21 +96,53 @@ impl MemoryEstimate {
 pub struct PlanSizes {
     /// The distinct symbolic dimensions of the values (evaluated once per run).
     dims: Vec<TDim>,
-    /// Per step of the plan's order: its node and the sizes of its values.
-    steps: Vec<(usize, Vec<Size>)>,
+    /// Per step of the plan's order: its node.
+    steps: Vec<usize>,
+    /// Per step, the sizes of its values.
+    sizes: Ragged<Size>,
+    /// Per value (of every step, in order), its symbolic dimensions (indices into `dims`).
+    symbolic: Ragged<usize>,
     /// Per step, the earlier steps whose values are dropped once it has run.
-    drops: Vec<Vec<usize>>,
+    drops: Ragged<usize>,
     /// How the inputs' shapes bind the symbols: input, axis, symbol, and the constant the axis
     /// adds to it (`past_sequence + 1` binds `past_sequence` to the size less 1).
     binds: Vec<(usize, usize, Symbol, i64)>,
 }
 
-/// The size of one value: a fixed factor (element size times the fixed dimensions) times the
-/// symbolic dimensions (indices into [`PlanSizes::dims`]).
+/// The size of one value: a fixed factor (element size times the fixed dimensions) times its
+/// symbolic dimensions ([`PlanSizes::symbolic`]).
 struct Size {
     slot: usize,
     fixed: u64,
-    symbolic: Vec<usize>,
+}
+
+/// Rows of different lengths in one array: the walk of every run reads memory in order, not a
+/// vector per step and value (each a cache miss once a decode step's weights have streamed
+/// through the caches).
+struct Ragged<T> {
+    /// Where each row ends in `items`.
+    ends: Vec<usize>,
+    items: Vec<T>,
+}
+
+impl<T> Ragged<T> {
+    fn new() -> Ragged<T> {
+        Ragged {
+            ends: Vec::new(),
+            items: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, row: impl IntoIterator<Item = T>) {
+        self.items.extend(row);
+        self.ends.push(self.items.len());
+    }
+
+    /// Row `i`, and where it starts in the items.
+    fn row(&self, i: usize) -> (usize, &[T]) {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        (start, &self.items[start..self.ends[i]])
+    }
 }
 
 /// The peak of one run, before anything is named.
@@ -126,18 +158,26 @@ impl PlanSizes {
     /// Prepares the sizes of the values of `model` run in `order` (constants left out).
     pub fn new(model: &TypedModel, order: &[usize]) -> PlanSizes {
         let mut dims: Vec<TDim> = Vec::new();
-        let steps = order
-            .iter()
-            .map(|&id| {
-                let sizes = model.node(id).outputs.iter().enumerate();
-                let sizes = sizes.map(|(slot, o)| size_of_fact(&o.fact, slot, &mut dims));
-                (id, sizes.collect())
-            })
-            .collect();
+        let (mut sizes, mut symbolic) = (Ragged::new(), Ragged::new());
+        for &id in order {
+            let mut row = Vec::new();
+            for (slot, o) in model.node(id).outputs.iter().enumerate() {
+                let (size, dims) = size_of_fact(&o.fact, slot, &mut dims);
+                row.push(size);
+                symbolic.push(dims);
+            }
+            sizes.push(row);
+        }
+        let mut drops = Ragged::new();
+        for row in drops_after(model, order) {
+            drops.push(row);
+        }
         PlanSizes {
             dims,
-            steps,
-            drops: drops_after(model, order),
+            steps: order.to_vec(),
+            sizes,
+            symbolic,
+            drops,
             binds: binds(model),
         }
     }
@@ -169,7 +209,7 @@ impl PlanSizes {
             .map(|o| o.iter().map(|o| o.node).collect())
             .unwrap_or_default();
         let largest = peak.largest.and_then(|(step, slot, _)| {
-            let id = self.steps[step].0;
+            let id = self.steps[step];
             value_size(
                 model,
                 OutletId::new(id, slot),
@@ -182,7 +222,7 @@ impl PlanSizes {
             peak_node: self
                 .steps
                 .get(peak.step)
-                .map_or(String::new(), |(id, _)| model.node(*id).name.clone()),
+                .map_or(String::new(), |id| model.node(*id).name.clone()),
             largest,
         }
     }
@@ -213,10 +253,11 @@ impl PlanSizes {
             .collect();
         let mut made = vec![0u64; self.steps.len()];
         let (mut live, mut peak) = (0u64, Peak::default());
-        for (step, (_, sizes)) in self.steps.iter().enumerate() {
-            for s in sizes {
-                let bytes = s
-                    .symbolic
+        for step in 0..self.steps.len() {
+            let (first, sizes) = self.sizes.row(step);
+            for (value, s) in (first..).zip(sizes) {
+                let (_, symbolic) = self.symbolic.row(value);
+                let bytes = symbolic
                     .iter()
                     .fold(s.fixed, |acc, &d| acc.saturating_mul(dims[d]));
                 made[step] = made[step].saturating_add(bytes);
@@ -229,7 +270,7 @@ impl PlanSizes {
                 peak.bytes = live;
                 peak.step = step;
             }
-            for &d in &self.drops[step] {
+            for &d in self.drops.row(step).1 {
                 live = live.saturating_sub(made[d]);
             }
         }
@@ -237,13 +278,13 @@ impl PlanSizes {
     }
 }
 
-/// The size of a value of `fact`, its symbolic dimensions added to `dims` when new.
-fn size_of_fact(fact: &TypedFact, slot: usize, dims: &mut Vec<TDim>) -> Size {
+/// The size of a value of `fact` and its symbolic dimensions, added to `dims` when new.
+fn size_of_fact(fact: &TypedFact, slot: usize, dims: &mut Vec<TDim>) -> (Size, Vec<usize>) {
     let mut size = Size {
         slot,
         fixed: fact.datum_type.size_of() as u64,
-        symbolic: Vec::new(),
     };
+    let mut symbolic = Vec::new();
     for d in fact.shape.dims() {
         match d.to_i64() {
             Ok(v) => size.fixed = size.fixed.saturating_mul(u64::try_from(v).unwrap_or(0)),
@@ -252,11 +293,11 @@ fn size_of_fact(fact: &TypedFact, slot: usize, dims: &mut Vec<TDim>) -> Size {
                     dims.push(d.clone());
                     dims.len() - 1
                 });
-                size.symbolic.push(at);
+                symbolic.push(at);
             }
         }
     }
-    size
+    (size, symbolic)
 }
 
 /// Per step of `order`, the steps whose values tract drops once that step has run: those

@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use attnrt_onnx::MemoryBudget;
 use tract_linalg::multithread::Executor;
 use tract_onnx::prelude::*;
@@ -22,6 +22,7 @@ use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
 use crate::kv_store::KvStore;
 use crate::memory::{MemoryEstimate, PlanSizes};
 use crate::options::SessionOptions;
+use crate::shape_check::PlannedShapes;
 use crate::threads::Threads;
 
 /// How a plan treats one input dimension.
@@ -79,11 +80,16 @@ impl PlanKey {
     }
 }
 
+/// What [`Plan::run`] calls after every node it times: the node and how long it took.
+pub type NodeObserver<'a> = &'a mut (dyn FnMut(&TypedNode, std::time::Duration) + Send);
+
 /// A runnable plan and whether it must run checked.
 #[derive(Clone)]
 pub struct Plan {
     runnable: Arc<TypedRunnableModel>,
     symbolic: bool,
+    /// The shapes a symbolic plan's runs are checked against (none for a concrete plan).
+    checked: Option<Arc<PlannedShapes>>,
     /// The sizes of its values, for the memory check of every run.
     sizes: Arc<PlanSizes>,
 }
@@ -136,9 +142,14 @@ impl Plan {
             .into_runnable_with_options(&options)
             .context("tract cannot plan the graph")?;
         let sizes = PlanSizes::new(runnable.model(), runnable.order_without_consts());
+        let checked = key.is_symbolic().then(|| {
+            let order = runnable.order_without_consts();
+            Arc::new(PlannedShapes::of(runnable.model(), order))
+        });
         Ok(Plan {
             runnable,
             symbolic: key.is_symbolic(),
+            checked,
             sizes: Arc::new(sizes),
         })
     }
@@ -164,25 +175,26 @@ impl Plan {
         self.sizes.check(self.model(), inputs, budget, what)
     }
 
-    /// Runs the plan; `observe` is called after every node with the node and how long it took
-    /// (for profiles). A symbolic plan checks every node's outputs against the planned shapes.
+    /// Runs the plan; `observe`, when given, is called after every node with the node and how
+    /// long it took (for profiles; without it the nodes are not timed). A symbolic plan checks every node's outputs against the planned shapes.
     /// `store`: a generation's in-place cache, which the store-mode `Attention` nodes find in
     /// tract's per-run shared map (`crate::kv_store`).
     pub fn run(
         &self,
         values: TVec<TValue>,
         store: Option<&Arc<KvStore>>,
-        mut observe: impl FnMut(&TypedNode, std::time::Duration),
+        mut observe: Option<NodeObserver<'_>>,
     ) -> Result<TVec<TValue>> {
         let mut state = self.runnable.spawn()?;
         if let Some(store) = store {
             state.turn_state.shared.insert(Arc::clone(store));
         }
-        let symbolic = self.symbolic;
+        let checked = self.checked.as_deref();
+        let mut run_sizes = checked.map(PlannedShapes::run_sizes);
         let outputs = state.run_plan_with_eval(
             values,
             |ctx: &EvalContext, op_state, node: &TypedNode, inputs| -> TractResult<_> {
-                let started = std::time::Instant::now();
+                let started = observe.is_some().then(std::time::Instant::now);
                 // A panic inside tract (an index out of range on bad input values, say) becomes
                 // this node's error, so that the message names the node.
                 let outputs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -190,9 +202,11 @@ impl Plan {
                 }))
                 .unwrap_or_else(|p| Err(anyhow::anyhow!("tract panicked: {}", panic_message(&*p))))
                 .with_context(|| format!("node '{}' ({})", node.name, node.op.name()))?;
-                observe(node, started.elapsed());
-                if symbolic {
-                    check_outputs(ctx, node, &outputs)?;
+                if let (Some(observe), Some(started)) = (observe.as_mut(), started) {
+                    observe(node, started.elapsed());
+                }
+                if let (Some(checked), Some(sizes)) = (checked, run_sizes.as_mut()) {
+                    checked.check(sizes, ctx.symbols, node, &outputs)?;
                 }
                 Ok(outputs)
             },
@@ -245,24 +259,6 @@ pub fn declared_symbols(fact: &InferenceFact, axis: usize) -> Vec<String> {
     declared_dim(fact, axis)
         .map(|d| d.symbols().into_iter().map(|s| s.to_string()).collect())
         .unwrap_or_default()
-}
-
-/// Refuses outputs whose shapes differ from what tract planned for the node (what tract's own
-/// debug builds check, here in every build: a plan made from wrong symbolic shapes must fail,
-/// not compute something else).
-fn check_outputs(ctx: &EvalContext, node: &TypedNode, outputs: &[TValue]) -> TractResult<()> {
-    for (ix, (value, outlet)) in outputs.iter().zip(&node.outputs).enumerate() {
-        if !outlet.fact.matches(value, Some(ctx.symbols))? {
-            bail!(
-                "symbolic plan: node '{}' output {ix} is {:?} {:?}, tract planned {:?}",
-                node.name,
-                value.datum_type(),
-                value.shape(),
-                outlet.fact
-            );
-        }
-    }
-    Ok(())
 }
 
 /// The plans a session has built, most recently used first, at most `capacity` of them.
@@ -353,4 +349,108 @@ pub struct PlanStats {
     pub symbolic_cached: usize,
     /// Why symbolic plans were given up for concrete ones.
     pub refusals: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tract_onnx::tract_hir::internal::*;
+
+    /// An op whose value is one longer than the shape it declares: a symbolic plan tract got
+    /// wrong, as the run sees it.
+    #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+    struct Longer;
+
+    impl Op for Longer {
+        fn name(&self) -> StaticName {
+            "Longer".into()
+        }
+
+        op_as_typed_op!();
+    }
+
+    impl EvalOp for Longer {
+        op_out_of_plan!();
+
+        fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+            let n = inputs[0].len();
+            Ok(tvec!(Tensor::zero::<f32>(&[n + 1])?.into_tvalue()))
+        }
+    }
+
+    impl TypedOp for Longer {
+        as_op!();
+
+        fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+            Ok(tvec!(f32::fact(inputs[0].shape.clone())))
+        }
+    }
+
+    /// [`Longer`] as the parsed graph holds it.
+    #[derive(Debug, Clone, Hash)]
+    struct ParsedLonger;
+
+    impl Expansion for ParsedLonger {
+        fn name(&self) -> StaticName {
+            "Longer".into()
+        }
+
+        fn rules<'r, 'p: 'r, 's: 'r>(
+            &'s self,
+            s: &mut Solver<'r>,
+            inputs: &'p [TensorProxy],
+            outputs: &'p [TensorProxy],
+        ) -> InferenceResult {
+            s.equals(&outputs[0].datum_type, f32::datum_type())?;
+            s.equals(&outputs[0].shape, &inputs[0].shape)?;
+            Ok(())
+        }
+
+        fn wire(
+            &self,
+            prefix: &str,
+            model: &mut TypedModel,
+            inputs: &[OutletId],
+        ) -> TractResult<TVec<OutletId>> {
+            model.wire_node(prefix, Longer, inputs)
+        }
+    }
+
+    /// `y = Longer(x)` on `x: [n]` f32.
+    fn longer() -> InferenceModel {
+        let mut model = InferenceModel::default();
+        let n = model.symbols.sym("n");
+        let fact = InferenceFact::dt_shape(f32::datum_type(), tvec![n.to_dim()]);
+        let x = model.add_source("x", fact).unwrap();
+        let y = model
+            .wire_node("longer", expand(ParsedLonger), &[x])
+            .unwrap();
+        model.select_output_outlets(&y).unwrap();
+        model
+    }
+
+    /// A symbolic plan's run refuses a node whose output is not the shape tract planned,
+    /// naming the node; a plan of the exact shapes has nothing to check.
+    #[test]
+    fn a_symbolic_plan_refuses_an_output_of_another_shape() {
+        let threads = Threads::new(Some(1)).unwrap();
+        let options = SessionOptions::default();
+        let x = || tvec![Tensor::zero::<f32>(&[3]).unwrap().into_tvalue()];
+        let key = PlanKey {
+            inputs: vec![(f32::datum_type(), vec![DimKey::Symbolic])],
+            anchor: None,
+            branch: None,
+        };
+        let plan = Plan::build(&longer(), &key, &threads, &options).unwrap();
+        let e = plan.run(x(), None, None).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("symbolic plan: node 'longer' output 0 is F32 [4], tract planned"),
+            "{msg}"
+        );
+        let concrete = PlanKey::concrete(&[(f32::datum_type(), vec![3])]);
+        let plan = Plan::build(&longer(), &concrete, &threads, &options).unwrap();
+        let y = plan.run(x(), None, None).unwrap();
+        assert_eq!(y[0].shape(), &[4]);
+    }
 }

@@ -15,7 +15,6 @@ use anyhow::{bail, Context, Result};
 use attnrt_kernels::KernelSet;
 use attnrt_onnx::ModelProto;
 use tract_onnx::prelude::*;
-use tract_onnx::tract_hir::infer::InferenceFact;
 
 use crate::guard::guarded;
 use crate::kv_store::KvStore;
@@ -25,12 +24,17 @@ use crate::profile::{OpKinds, Profile};
 use crate::registry::{onnx_frontend_with, OpCounts};
 use crate::tensor::NamedTensor;
 use crate::threads::Threads;
+use execute::Timing;
 
-/// What the model declares for one input.
+/// What the model declares for one input, read once from tract's fact (a run's plan key is made
+/// from it on every step).
 #[derive(Clone, Debug)]
 struct InputSpec {
     name: String,
-    fact: InferenceFact,
+    /// Its rank, when declared.
+    rank: Option<usize>,
+    /// Per declared axis: the size the file fixes, and the symbols of its size.
+    dims: Vec<keys::DeclaredDim>,
 }
 
 /// A model ready to run on any input shapes it accepts: parsed by tract once, then planned
@@ -186,30 +190,26 @@ impl Session {
     /// tract takes its inputs by value, so this copies every input tensor once (tract's tensors
     /// have no shared storage); [`Session::run_owned`] hands them over without a copy.
     pub fn run(&self, inputs: &[NamedTensor]) -> Result<Vec<NamedTensor>> {
-        Ok(self.run_maybe_profiled(inputs, false)?.0)
+        Ok(self.run_cloned(inputs, Timing::Off)?.outputs)
     }
 
     /// Runs the model once, as [`Session::run`], timing every node of the plan: the outputs
     /// and where the time went ([`Profile`]; merge several runs' profiles for a mean).
     pub fn run_profiled(&self, inputs: &[NamedTensor]) -> Result<(Vec<NamedTensor>, Profile)> {
         let started = std::time::Instant::now();
-        let (outputs, profile) = self.run_maybe_profiled(inputs, true)?;
-        let mut profile = profile.unwrap_or_default();
-        profile.set_wall(started.elapsed());
-        Ok((outputs, profile))
+        let ran = self.run_cloned(inputs, Timing::Profile)?;
+        let wall = started.elapsed();
+        Ok((ran.outputs, self.profile_of(ran.times, wall)))
     }
 
-    fn run_maybe_profiled(
-        &self,
-        inputs: &[NamedTensor],
-        profile: bool,
-    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
+    /// Runs on copies of the graph's inputs found in `inputs`.
+    fn run_cloned(&self, inputs: &[NamedTensor], timing: Timing) -> Result<execute::Ran> {
         let used = self
             .inputs
             .iter()
             .map(|spec| self.find_input(inputs, &spec.name).cloned())
             .collect::<Result<_>>()?;
-        self.run_ordered(used, profile, &self.options.shapes, None)
+        self.run_ordered(used, timing, &self.options.shapes, None)
     }
 
     /// Runs the model once, consuming `inputs` (same rules as [`Session::run`]): the tensors
@@ -229,8 +229,8 @@ impl Session {
         policy: &ShapePolicy,
     ) -> Result<Vec<NamedTensor>> {
         Ok(self
-            .run_ordered(self.order_inputs(inputs)?, false, policy, None)?
-            .0)
+            .run_ordered(self.order_inputs(inputs)?, Timing::Off, policy, None)?
+            .outputs)
     }
 
     /// [`Session::run_owned_with`] with a generation's in-place cache: the store-mode
@@ -243,9 +243,28 @@ impl Session {
         store: &Arc<KvStore>,
     ) -> Result<Vec<NamedTensor>> {
         let policy = policy.unwrap_or(&self.options.shapes);
+        let ordered = self.order_inputs(inputs)?;
         Ok(self
-            .run_ordered(self.order_inputs(inputs)?, false, policy, Some(store))?
-            .0)
+            .run_ordered(ordered, Timing::Off, policy, Some(store))?
+            .outputs)
+    }
+
+    /// [`Session::run_owned_with`] (the session's [`SessionOptions::shapes`] when `policy` is
+    /// `None`), with a generation's in-place cache when `store` is given, as
+    /// [`Session::run_owned_in`]; also returns the time spent inside the plan's nodes, summed
+    /// (the run's wall time less it is what the run costs besides its nodes: finding the plan,
+    /// the memory and shape checks, tract's moves between nodes). Timing the nodes reads the
+    /// clock twice per node, which the untimed runs do not.
+    pub fn run_owned_timed(
+        &self,
+        inputs: Vec<NamedTensor>,
+        policy: Option<&ShapePolicy>,
+        store: Option<&Arc<KvStore>>,
+    ) -> Result<(Vec<NamedTensor>, std::time::Duration)> {
+        let policy = policy.unwrap_or(&self.options.shapes);
+        let ordered = self.order_inputs(inputs)?;
+        let ran = self.run_ordered(ordered, Timing::Nodes, policy, store)?;
+        Ok((ran.outputs, ran.nodes.unwrap_or_default()))
     }
 
     /// [`Session::run_owned`], timing every node as [`Session::run_profiled`] does.
@@ -255,10 +274,9 @@ impl Session {
     ) -> Result<(Vec<NamedTensor>, Profile)> {
         let started = std::time::Instant::now();
         let ordered = self.order_inputs(inputs)?;
-        let (outputs, profile) = self.run_ordered(ordered, true, &self.options.shapes, None)?;
-        let mut profile = profile.unwrap_or_default();
-        profile.set_wall(started.elapsed());
-        Ok((outputs, profile))
+        let ran = self.run_ordered(ordered, Timing::Profile, &self.options.shapes, None)?;
+        let wall = started.elapsed();
+        Ok((ran.outputs, self.profile_of(ran.times, wall)))
     }
 
     /// `inputs` in the graph's input order, unused ones dropped.
@@ -301,10 +319,10 @@ impl Session {
     fn run_ordered(
         &self,
         ordered: Vec<NamedTensor>,
-        profile: bool,
+        timing: Timing,
         policy: &ShapePolicy,
         store: Option<&Arc<KvStore>>,
-    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
+    ) -> Result<execute::Ran> {
         let refs: Vec<&NamedTensor> = ordered.iter().collect();
         let plan = self.plan_for(&refs, policy)?;
         let shapes: Vec<(DatumType, Vec<usize>)> = ordered
@@ -315,7 +333,7 @@ impl Session {
             .into_iter()
             .map(|t| t.tensor.into_tvalue())
             .collect();
-        self.run_plan_shapes(plan, values, &shapes, profile, store)
+        self.run_plan_shapes(plan, values, &shapes, timing, store)
     }
 
     /// The graph's inputs, in order, found by name in `inputs`.
@@ -391,10 +409,10 @@ fn parse(
     let im = parsed.model;
     let mut inputs = Vec::new();
     for (ix, o) in im.input_outlets()?.iter().enumerate() {
-        inputs.push(InputSpec {
-            name: im.node(o.node).name.clone(),
-            fact: im.input_fact(ix)?.clone(),
-        });
+        inputs.push(InputSpec::of(
+            im.node(o.node).name.clone(),
+            im.input_fact(ix)?,
+        ));
     }
     let output_names = im
         .output_outlets()?

@@ -818,3 +818,37 @@ fn a_past_with_another_reader_keeps_the_copy_path_with_the_reason() {
     assert_eq!(report.kv_cache.mode, KvCacheMode::Copy);
     assert!(report.kv_cache.fallback.is_some());
 }
+
+/// With node times asked for, every step says how much of its time its nodes took (no more than
+/// the step) and the report the median time outside them, with the same tokens; without, the
+/// nodes are not timed and neither is reported.
+#[test]
+fn node_times_are_reported_when_asked_for() {
+    let threads = Threads::new(Some(2)).unwrap();
+    let file = "llama_cache_eager.ts.onnx";
+    let fused = fuse(&load(file), &FusionOptions::default()).unwrap().model;
+    let options = greedy(vec![vec![3, 14, 15, 92, 65], vec![7, 8]], 5);
+    let plain = Generator::new(&fused, None, &threads, file).unwrap();
+    let plain = plain.generate(&options, |_| ()).unwrap();
+    assert!(plain.steps.iter().all(|s| s.nodes_ms.is_none()));
+    assert_eq!(plain.median_step_outside_ms, None);
+    let timed = Generator::new(&fused, None, &threads, file).unwrap();
+    let timed = timed
+        .with_node_times(true)
+        .generate(&options, |_| ())
+        .unwrap();
+    for s in &timed.steps {
+        let nodes = s
+            .nodes_ms
+            .unwrap_or_else(|| panic!("step {}: no node times", s.step));
+        assert!(
+            nodes > 0.0 && nodes <= s.ms,
+            "step {}: {nodes} of {}",
+            s.step,
+            s.ms
+        );
+    }
+    assert!(timed.median_step_outside_ms.is_some_and(|o| o >= 0.0));
+    assert_eq!(timed.rows[0].tokens, plain.rows[0].tokens);
+    assert_eq!(timed.rows[1].tokens, plain.rows[1].tokens);
+}

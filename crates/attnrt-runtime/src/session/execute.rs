@@ -2,6 +2,7 @@
 //! the memory check before a run.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tract_onnx::prelude::*;
@@ -11,10 +12,34 @@ use super::Session;
 use crate::guard::guarded;
 use crate::kv_store::KvStore;
 use crate::options::ShapePolicy;
-use crate::plan::{Plan, PlanKey};
+use crate::plan::{NodeObserver, Plan, PlanKey};
 use crate::profile::Profile;
 use crate::registry::is_operation;
 use crate::tensor::NamedTensor;
+
+/// What a run gives back: its outputs, the time spent inside its nodes (the rest of its wall
+/// time is the run's own cost: the plan's lookup, the memory and shape checks, tract's moves
+/// between nodes), and with a profile asked for, the plan that ran and its node times, made
+/// into a [`Profile`] by [`Session::profile_of`] once the run's wall time is taken (the
+/// profile's own making, names looked up and copied per node, is not the run's cost).
+pub(super) struct Ran {
+    pub(super) outputs: Vec<NamedTensor>,
+    /// With [`Timing::Nodes`] or [`Timing::Profile`].
+    pub(super) nodes: Option<Duration>,
+    pub(super) times: Option<(Plan, Vec<(usize, Duration)>)>,
+}
+
+/// What a run measures of its nodes: timing them reads the clock twice per node (a twentieth
+/// of a step's time outside its nodes on the 125M decoder), so only when asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Timing {
+    /// Nothing.
+    Off,
+    /// The time spent inside the nodes, summed ([`Ran::nodes`]).
+    Nodes,
+    /// Every node's time too ([`Ran::times`], for a [`Profile`]).
+    Profile,
+}
 
 impl Session {
     /// The plan serving `inputs` under `policy`: cached, or built now. A symbolic plan that
@@ -108,13 +133,13 @@ impl Session {
         (key, plan): (PlanKey, Plan),
         values: TVec<TValue>,
         shapes: &[(DatumType, Vec<usize>)],
-        profile: bool,
+        timing: Timing,
         store: Option<&Arc<KvStore>>,
-    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
+    ) -> Result<Ran> {
         self.check_memory(&plan, shapes)?;
         let retry = key.is_symbolic().then(|| values.clone());
         let lengths = store.map(|s| s.lengths());
-        match self.execute(&plan, values, profile, store) {
+        match self.execute(&plan, values, timing, store) {
             Ok(outputs) => Ok(outputs),
             Err(e) if retry.is_some() => {
                 self.refuse(&key, format!("{e:#}"));
@@ -125,7 +150,7 @@ impl Session {
                 let concrete = PlanKey::concrete(shapes).with_branch(key.branch);
                 let plan = self.build_plan(&concrete)?;
                 self.check_memory(&plan, shapes)?;
-                self.execute(&plan, retry.unwrap_or_default(), profile, store)
+                self.execute(&plan, retry.unwrap_or_default(), timing, store)
             }
             Err(e) => Err(e),
         }
@@ -142,21 +167,26 @@ impl Session {
         &self,
         plan: &Plan,
         values: TVec<TValue>,
-        profile: bool,
+        timing: Timing,
         store: Option<&Arc<KvStore>>,
-    ) -> Result<(Vec<NamedTensor>, Option<Profile>)> {
-        let mut times: Vec<(usize, std::time::Duration)> = Vec::new();
+    ) -> Result<Ran> {
+        let mut times: Vec<(usize, Duration)> = Vec::new();
+        let mut nodes = Duration::ZERO;
+        let profile = timing == Timing::Profile;
+        let mut observe = |node: &TypedNode, took: Duration| {
+            nodes += took;
+            if profile {
+                times.push((node.id, took));
+            }
+        };
+        let observe: Option<NodeObserver> = (timing != Timing::Off).then_some(&mut observe);
         // The caller's quantization pins go along to the thread that evaluates the plan.
         let pins = crate::quant_pins::current();
         let outputs = self.threads.install(|| {
             crate::quant_pins::scoped(pins, || {
                 guarded(&self.what, || {
-                    plan.run(values, store, |node, took| {
-                        if profile {
-                            times.push((node.id, took));
-                        }
-                    })
-                    .with_context(|| format!("{}: run failed", self.what))
+                    plan.run(values, store, observe)
+                        .with_context(|| format!("{}: run failed", self.what))
                 })
             })
         })?;
@@ -170,12 +200,26 @@ impl Session {
                 tensor: v.into_tensor(),
             })
             .collect();
-        Ok((outputs, profile.then(|| self.profile_of(plan, times))))
+        Ok(Ran {
+            outputs,
+            nodes: (timing != Timing::Off).then_some(nodes),
+            times: profile.then(|| (plan.clone(), times)),
+        })
     }
 
-    /// The profile of one run of `plan` from its node times (graph inputs and constants left
-    /// out, as in [`Session::op_counts`]).
-    fn profile_of(&self, plan: &Plan, times: Vec<(usize, std::time::Duration)>) -> Profile {
+    /// The profile of one run of wall time `wall` from the plan that ran and its node times
+    /// ([`Ran::times`]; graph inputs and constants left out, as in [`Session::op_counts`]);
+    /// without them, a profile of the wall time alone.
+    pub(super) fn profile_of(
+        &self,
+        times: Option<(Plan, Vec<(usize, Duration)>)>,
+        wall: Duration,
+    ) -> Profile {
+        let Some((plan, times)) = times else {
+            let mut profile = Profile::default();
+            profile.set_wall(wall);
+            return profile;
+        };
         let model = plan.model();
         let nodes = times.into_iter().filter_map(|(id, took)| {
             let node = model.node(id);
@@ -189,6 +233,6 @@ impl Session {
                 .map_or_else(|| tract_op.clone(), str::to_string);
             Some((node.name.clone(), op, tract_op, took))
         });
-        Profile::of_run(nodes, std::time::Duration::ZERO)
+        Profile::of_run(nodes, wall)
     }
 }

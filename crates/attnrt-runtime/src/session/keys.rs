@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use tract_onnx::tract_hir::infer::{Factoid, InferenceFact};
 
-use super::Session;
+use super::{InputSpec, Session};
 use crate::options::ShapePolicy;
 use crate::plan::{self, DimKey, PlanKey};
 use crate::tensor::NamedTensor;
@@ -23,8 +23,8 @@ impl Session {
         let mut key = Vec::with_capacity(inputs.len());
         for (spec, t) in self.inputs.iter().zip(inputs) {
             let shape = t.tensor.shape();
-            if let Some(rank) = spec.fact.shape.rank().concretize() {
-                if rank as usize != shape.len() {
+            if let Some(rank) = spec.rank {
+                if rank != shape.len() {
                     bail!(
                         "{}: input '{}' has rank {}, the model declares rank {rank}",
                         self.what,
@@ -38,7 +38,7 @@ impl Session {
                 .enumerate()
                 .map(|(axis, &size)| {
                     let anchor = (anchor.as_deref(), anchor_value);
-                    dim_key(policy, &spec.fact, axis, size, anchor)
+                    dim_key(policy, spec.dim(axis), size, anchor)
                 })
                 .collect();
             key.push((t.tensor.datum_type(), dims));
@@ -73,7 +73,7 @@ impl Session {
     fn symbol_value(&self, name: &str, inputs: &[&NamedTensor]) -> Option<usize> {
         self.inputs.iter().zip(inputs).find_map(|(spec, t)| {
             (0..t.tensor.rank()).find_map(|axis| {
-                let syms = plan::declared_symbols(&spec.fact, axis);
+                let syms = &spec.dim(axis).symbols;
                 (syms.len() == 1 && syms[0] == name).then(|| t.tensor.shape()[axis])
             })
         })
@@ -85,12 +85,11 @@ impl Session {
 /// but the caller contradicts is bound, as given); tied to the anchor for the other kept names.
 fn dim_key(
     policy: &ShapePolicy,
-    fact: &InferenceFact,
-    axis: usize,
+    declared: &DeclaredDim,
     size: usize,
     (anchor, anchor_value): (Option<&str>, Option<usize>),
 ) -> DimKey {
-    if plan::declared_static(fact, axis).is_some() {
+    if declared.fixed.is_some() {
         return DimKey::Bound(size);
     }
     let (names, free) = match policy {
@@ -99,7 +98,7 @@ fn dim_key(
         ShapePolicy::DynamicDims(names) => (names, &[][..]),
         ShapePolicy::DynamicDimsFree { tied, free } => (tied, &free[..]),
     };
-    let syms = plan::declared_symbols(fact, axis);
+    let syms = &declared.symbols;
     if let [sym] = &syms[..] {
         if free.contains(sym) {
             return DimKey::Symbolic;
@@ -117,6 +116,41 @@ fn dim_key(
         }
         // Not kept, or a kept name with no anchor value to relate it to: bound.
         _ => DimKey::Bound(size),
+    }
+}
+
+/// What an input declares for one axis (tract's fact as parsed, read once per session).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct DeclaredDim {
+    /// The size the file fixes.
+    pub(super) fixed: Option<usize>,
+    /// The symbols of its size (empty when static or unknown).
+    pub(super) symbols: Vec<String>,
+}
+
+/// An axis the input does not declare: neither fixed nor named.
+static UNDECLARED: DeclaredDim = DeclaredDim {
+    fixed: None,
+    symbols: Vec::new(),
+};
+
+impl InputSpec {
+    /// What the input `name` declares in `fact`.
+    pub(super) fn of(name: String, fact: &InferenceFact) -> InputSpec {
+        let rank = fact.shape.rank().concretize().map(|r| r as usize);
+        // (an open shape may know its leading axes)
+        let dims = (0..fact.shape.dims().count())
+            .map(|axis| DeclaredDim {
+                fixed: plan::declared_static(fact, axis),
+                symbols: plan::declared_symbols(fact, axis),
+            })
+            .collect();
+        InputSpec { name, rank, dims }
+    }
+
+    /// What the input declares for `axis` (nothing beyond the axes its fact knows).
+    pub(super) fn dim(&self, axis: usize) -> &DeclaredDim {
+        self.dims.get(axis).unwrap_or(&UNDECLARED)
     }
 }
 

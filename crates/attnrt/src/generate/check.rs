@@ -67,7 +67,7 @@ impl Generator {
     ) -> Result<Vec<NamedTensor>> {
         let owners = match &self.in_place {
             Ok(owners) if in_place => owners,
-            _ => return self.run_on(&self.session, inputs, prompt, None),
+            _ => return Ok(self.run_on(&self.session, inputs, prompt, None)?.0),
         };
         let store = Arc::new(KvStore::new(1));
         for o in owners.iter() {
@@ -84,7 +84,7 @@ impl Generator {
             shape[3] = 0;
             t.tensor = Tensor::zero_dt(t.tensor.datum_type(), &shape)?;
         }
-        self.run_on(&self.session, inputs, prompt, Some(&store))
+        Ok(self.run_on(&self.session, inputs, prompt, Some(&store))?.0)
     }
 
     /// Runs the reference on its step inputs `t` (moving its cache forward) and compares it

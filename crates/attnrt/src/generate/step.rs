@@ -46,7 +46,12 @@ const PAD: i64 = 0;
 fn rows(values: &[Vec<i64>], elem_type: i32) -> Result<Tensor> {
     let len = values.first().map_or(0, Vec::len);
     let t = Tensor::from_shape(&[values.len(), len], &values.concat())?;
-    Ok(t.cast_to_dt(datum(elem_type)?)?.into_owned())
+    let dt = datum(elem_type)?;
+    if t.datum_type() == dt {
+        // (`cast_to_dt` to its own type borrows, and `into_owned` would copy it)
+        return Ok(t);
+    }
+    Ok(t.cast_to_dt(dt)?.into_owned())
 }
 
 impl StepInputs {
