@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 
 use attnrt_benches::graphs::{attention_decode_model, seeded_values, DecodeShape};
 use attnrt_benches::{
-    env_list, machine_note, median, ort, random_input, session, Samples, Table, ATTNRT_OPS,
+    env_list, machine_note, median, ort, random_input, read_sum, session, Samples, Table,
+    ATTNRT_OPS,
 };
 use attnrt_kernels::{attention, AttentionParams, KernelSet, Mask, Route, View4, ViewMut4};
 use attnrt_onnx::{save_model, SaveOptions};
@@ -74,19 +75,7 @@ fn bandwidth(threads: &Threads) -> (f64, f64) {
         });
         copy = copy.max(2.0 * 4.0 * n as f64 / t.elapsed().as_secs_f64() / 1e9);
         let t = Instant::now();
-        let sum: f32 = threads.install(|| {
-            src.par_chunks(chunk)
-                .map(|s| {
-                    let mut acc = [0.0f32; 16];
-                    for c in s.chunks_exact(16) {
-                        for (a, x) in acc.iter_mut().zip(c) {
-                            *a += x;
-                        }
-                    }
-                    acc.iter().sum::<f32>()
-                })
-                .sum()
-        });
+        let sum = threads.install(|| read_sum(&src, threads.count()));
         std::hint::black_box(sum);
         read = read.max(4.0 * n as f64 / t.elapsed().as_secs_f64() / 1e9);
     }

@@ -19,10 +19,9 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use attnrt_benches::{env_list, machine_note, median, Table};
+use attnrt_benches::{env_list, machine_note, median, read_sum, Table};
 use attnrt_kernels::{attention, AttentionParams, KernelSet, Mask, View4, ViewMut4};
 use attnrt_testkit::seeded_values;
-use rayon::prelude::*;
 
 const Q_HEADS: usize = 12;
 const KV_HEADS: usize = 4;
@@ -56,21 +55,6 @@ impl Layer {
         attention(kernels, &q, &k, &v, &Mask::None, &params, &mut out)?;
         Ok(())
     }
-}
-
-/// Sums `data` on the current pool's threads (a read at the memory's bandwidth).
-fn read_sum(data: &[f32], threads: usize) -> f32 {
-    data.par_chunks(data.len().div_ceil(threads.max(1)))
-        .map(|s| {
-            let mut acc = [0.0f32; 16];
-            for c in s.chunks_exact(16) {
-                for (a, x) in acc.iter_mut().zip(c) {
-                    *a += x;
-                }
-            }
-            acc.iter().sum::<f32>()
-        })
-        .sum()
 }
 
 fn main() -> Result<()> {

@@ -415,6 +415,24 @@ unsafe fn fma_loop_avx2(n: u64) -> f32 {
     )
 }
 
+/// Sums `data` in `parts` chunks on the current rayon pool: a read of the buffer at the memory's
+/// bandwidth (16 running sums per chunk, so the loop is bound by loads, not by adds), the
+/// reference the decode benches compare their cache reads with.
+pub fn read_sum(data: &[f32], parts: usize) -> f32 {
+    use rayon::prelude::*;
+    data.par_chunks(data.len().div_ceil(parts.max(1)).max(1))
+        .map(|s| {
+            let mut acc = [0.0f32; 16];
+            for c in s.chunks_exact(16) {
+                for (a, x) in acc.iter_mut().zip(c) {
+                    *a += x;
+                }
+            }
+            acc.iter().sum::<f32>()
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
