@@ -87,7 +87,6 @@ pub type NodeObserver<'a> = &'a mut (dyn FnMut(&TypedNode, std::time::Duration) 
 #[derive(Clone)]
 pub struct Plan {
     runnable: Arc<TypedRunnableModel>,
-    symbolic: bool,
     /// The shapes a symbolic plan's runs are checked against (none for a concrete plan).
     checked: Option<Arc<PlannedShapes>>,
     /// The sizes of its values, for the memory check of every run.
@@ -148,10 +147,14 @@ impl Plan {
         });
         Ok(Plan {
             runnable,
-            symbolic: key.is_symbolic(),
             checked,
             sizes: Arc::new(sizes),
         })
+    }
+
+    /// Whether the plan keeps a dimension symbolic (and so its runs are checked).
+    pub fn is_symbolic(&self) -> bool {
+        self.checked.is_some()
     }
 
     /// The planned graph.
@@ -176,7 +179,8 @@ impl Plan {
     }
 
     /// Runs the plan; `observe`, when given, is called after every node with the node and how
-    /// long it took (for profiles; without it the nodes are not timed). A symbolic plan checks every node's outputs against the planned shapes.
+    /// long it took (for profiles; without it the nodes are not timed). A symbolic plan checks
+    /// every node's outputs against the planned shapes.
     /// `store`: a generation's in-place cache, which the store-mode `Attention` nodes find in
     /// tract's per-run shared map (`crate::kv_store`).
     pub fn run(
@@ -330,7 +334,7 @@ impl PlanCache {
             built: self.built,
             build_ms: self.build_ms,
             cached: self.plans.len(),
-            symbolic_cached: self.plans.iter().filter(|(_, p)| p.symbolic).count(),
+            symbolic_cached: self.plans.iter().filter(|(_, p)| p.is_symbolic()).count(),
             refusals: self.refused.iter().map(|(_, w)| w.clone()).collect(),
         }
     }

@@ -9,8 +9,9 @@
 //! A new execution op: its module defines the op, its name and an
 //! `OnnxParser` static per ONNX op type it parses (`tract_parser.rs`); one entry here registers
 //! it. An op that takes the place of tract's only where tract's optimization left its generic
-//! form is instead an entry of [`PLAN_OPS`], which rewrite each plan tract has optimized. Folds into an op (a bias `Add` or a `Gelu` into a projection) are tract declutter rules of
-//! the op, in its module (`projection.rs`, `gelu.rs`).
+//! form is instead an entry of [`PLAN_OPS`], whose entries rewrite each plan tract has
+//! optimized. Folds into an op (a bias `Add` or a `Gelu` into a projection) are tract declutter
+//! rules of the op, in its module (`projection.rs`, `gelu.rs`).
 
 use tract_onnx::prelude::{TractResult, TypedModel};
 
