@@ -49,6 +49,7 @@ pub mod layer_norm;
 mod lower;
 pub mod matmul_integer;
 pub mod memory;
+mod ops;
 pub mod options;
 mod packed;
 pub mod plan;
